@@ -1,0 +1,56 @@
+"""`radixkv` command line: serve | generate | chat | replay | bench {tree,engine,serve,compare,report}.
+
+Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
+its parser and sets `func` (called with the parsed args, returning an exit code). Registration
+must stay cheap: modules import torch lazily, inside `func`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (module, is_bench_subcommand); each module exposes register(subparsers).
+_COMMANDS: tuple[tuple[str, bool], ...] = (
+    ("radixkv.server.cli", False),  # serve, generate, chat
+    ("radixkv.bench.replay", False),  # replay
+    ("radixkv.bench.tree", True),  # bench tree
+    ("radixkv.bench.engine", True),  # bench engine
+    ("radixkv.bench.serve", True),  # bench serve
+    ("radixkv.bench.compare", True),  # bench compare
+    ("radixkv.bench.report", True),  # bench report
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radixkv", description="RadixKV: LLM serving with a radix-tree KV cache."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench = sub.add_parser("bench", help="benchmarks (tree, engine, serve, compare, report)")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    for module_name, is_bench in _COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.register(bench_sub if is_bench else sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The one dataclass that describes a forward step (the runner → model contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One step over R requests, each extending its context by `extend_lens[r]` new tokens.
+
+    New tokens of all requests are concatenated in request order (length T = sum(extend_lens)).
+    Request r's context after this step has `seq_lens[r]` tokens; its first `prefix_lens[r]`
+    (= seq_lens - extend_lens) are already in the KV pool (cache hit or earlier chunks/steps), and
+    `context_slots[r]` ([seq_lens[r]] int64) says where every context token's K/V lives, the new
+    tokens' slots included. The model writes the new tokens' K/V to `out_slots` before attending,
+    then token i of request r attends to context positions <= its own position.
+
+    The model never knows whether a slot came from a cache hit.
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, position of each new token within its request
+    out_slots: torch.Tensor  # [T] int64, the pool slot each new token's K/V is written to
+    extend_lens: tuple[int, ...]  # [R]
+    seq_lens: tuple[int, ...]  # [R]
+    context_slots: tuple[torch.Tensor, ...]  # R tensors of [seq_lens[r]] int64
+    return_all_logits: bool = False  # tests: logits for every new token, not only the last
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def prefix_lens(self) -> tuple[int, ...]:
+        return tuple(s - e for s, e in zip(self.seq_lens, self.extend_lens, strict=True))
+
+    @property
+    def is_decode(self) -> bool:
+        return all(e == 1 for e in self.extend_lens)

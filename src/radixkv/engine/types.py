@@ -1,0 +1,166 @@
+"""Public types of the in-process Engine API (shared by the engine, the server and benchmarks).
+
+The Engine (radixkv.engine.engine.Engine) contract, which the server and benchmarks build on:
+
+    engine = Engine(model=None | "path/to/hf_dir", config=EngineConfig(...))  # None → default model
+    engine.tokenizer                      # radixkv.model.tokenizer.Tokenizer
+    engine.config                         # the EngineConfig in force
+    engine.generate(prompts, sampling)    # str | list[int] | list[str] | list[list[int]]
+                                          #   → list[RequestOutput] (blocking, batched)
+    engine.stream(prompt, sampling)       # → Iterator[StreamDelta] (blocking, one request)
+    engine.add_request(prompt_ids, sampling, request_id=None, options=RequestOptions())
+                                          #   → request_id; raises RequestError on bad input
+    engine.step()                         # one scheduler step → list[StreamDelta] (one per request
+                                          #   that produced tokens or finished this step)
+    engine.has_unfinished()               # → bool
+    engine.abort(request_id)              # frees/unlocks what the request held; its last delta
+                                          #   has finish_reason="abort"
+    engine.flush_cache()                  # drops every unlocked cached prefix → bool
+    engine.metrics()                      # → EngineMetrics snapshot
+    engine.check_memory()                 # raises if free + cached + held != pool size
+
+The engine is single-threaded: one thread owns it and calls step(); a server wraps it in a loop
+thread and hands requests in through a thread-safe queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class RequestError(ValueError):
+    """Bad input for one request (too long, token id out of vocab, bad sampling values...).
+
+    `code` is an HTTP-ish status the server can map directly (400 invalid, 413 too large,
+    503/429 overloaded).
+    """
+
+    def __init__(self, message: str, code: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 → greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 / 0 → disabled
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise RequestError("max_tokens must be >= 1", param="max_tokens")
+        if self.temperature < 0:
+            raise RequestError("temperature must be >= 0", param="temperature")
+        if not 0 < self.top_p <= 1:
+            raise RequestError("top_p must be in (0, 1]", param="top_p")
+        if self.top_k < -1:
+            raise RequestError("top_k must be -1 (off) or >= 0", param="top_k")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """Per-request cache controls."""
+
+    cache_salt: str | None = None  # a namespace: different salts never share KV
+    priority: int = 0  # for the `priority` eviction policy (lower evicted first)
+    session_id: str | None = None  # plumbed through for session stats / session-aware eviction
+
+    @property
+    def namespace(self) -> Hashable | None:
+        return self.cache_salt
+
+
+@dataclass
+class StreamDelta:
+    """What one request produced in one step (new tokens and text), or its finish."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0  # total so far
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    ttft_s: float | None = None  # time from arrival to the first output token
+    latency_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    running_requests: int
+    waiting_requests: int
+    pool_slots: int
+    free_slots: int
+    cached_tokens_in_tree: int
+    evictable_tokens: int
+    prompt_tokens_total: int
+    cached_prompt_tokens_total: int
+    generated_tokens_total: int
+    num_preemptions: int
+    finished_requests: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        return (
+            self.cached_prompt_tokens_total / self.prompt_tokens_total
+            if self.prompt_tokens_total
+            else 0.0
+        )
+
+    @property
+    def pool_usage(self) -> float:
+        return 1.0 - self.free_slots / self.pool_slots if self.pool_slots else 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings; flags of `radixkv serve` / `bench` map 1:1 onto these fields."""
+
+    model: str | None = None  # None → the embedded default model (SmolLM2-135M-Instruct)
+    device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
+    dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
+    page_size: int = 1
+    eviction_policy: str = "lru"  # lru | lfu | fifo | mru | priority
+    schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
+    cache: str = "radix"  # radix | blockhash
+    disable_radix_cache: bool = False
+    chunked_prefill_size: int = 512  # max new prompt tokens per step
+    max_running_requests: int = 32
+    max_queued_requests: int = 256  # past this, add_request raises RequestError(code=503)
+    num_slots: int | None = None  # KV pool size in tokens; None → from kv_cache_bytes
+    kv_cache_bytes: int = 512 * 1024 * 1024
+    max_model_len: int | None = None  # None → the model's max_position_embeddings
+    seed: int = 0
+    tags: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def prefix_cache_enabled(self) -> bool:
+        return not self.disable_radix_cache
