@@ -1,0 +1,157 @@
+"""Full invariant checks for the cache designs (used by tests after every step).
+
+Every check recomputes from scratch what the caches maintain incrementally and raises
+AssertionError with a message naming the violated invariant.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from radixkv.cache.keys import TOKEN_BYTES
+
+if TYPE_CHECKING:
+    from radixkv.cache.blockhash import BlockHashCache
+    from radixkv.cache.radix import RadixCache
+
+
+def _fail(msg: str) -> None:
+    raise AssertionError(f"cache integrity: {msg}")
+
+
+def check_unique_slots(parts: list[Any]) -> int:
+    """No slot is held twice; returns the number of slots."""
+    if not parts:
+        return 0
+    allslots = np.concatenate(parts)
+    uniq, counts = np.unique(allslots, return_counts=True)
+    if len(uniq) != len(allslots):
+        _fail(f"slots held twice: {uniq[counts > 1][:10].tolist()}")
+    return len(allslots)
+
+
+def check_radix(cache: RadixCache) -> None:
+    pb = cache.page_size * TOKEN_BYTES
+    evictable = protected = 0
+    leaves: set[int] = set()
+    seen: dict[int, Any] = {}  # id(node) -> namespace; proves namespace roots are isolated
+    parts = []
+    for ns, root in cache._roots.items():
+        if root.parent is not None or root.key or root.ntok or root.lock or root.entry:
+            _fail(f"root of namespace {ns!r} is not a bare root")
+        if id(root) in seen:
+            _fail(f"namespaces {seen[id(root)]!r} and {ns!r} share a root")
+        seen[id(root)] = ns
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            for first, child in node.children.items():
+                if id(child) in seen:
+                    _fail(f"node reachable twice (namespaces {seen[id(child)]!r}, {ns!r})")
+                seen[id(child)] = ns
+                where = f"namespace {ns!r}, node of {child.ntok} tokens"
+                if child.parent is not node:
+                    _fail(f"{where}: parent pointer is wrong")
+                if not child.alive:
+                    _fail(f"{where}: dead node still in the tree")
+                if not child.key or len(child.key) % pb:
+                    _fail(f"{where}: edge of {len(child.key)} bytes is not whole pages")
+                if child.ntok * TOKEN_BYTES != len(child.key) or len(child.slots) != child.ntok:
+                    _fail(f"{where}: {len(child.slots)} slots for {child.ntok} tokens")
+                if first != child.key[:pb]:
+                    _fail(f"{where}: filed under a key that is not its first page")
+                if child.lock < 0:
+                    _fail(f"{where}: negative lock {child.lock}")
+                if node.parent is not None and node.lock < child.lock:
+                    _fail(f"{where}: lock {child.lock} exceeds its parent's {node.lock}")
+                if child.lock:
+                    protected += child.ntok
+                else:
+                    evictable += child.ntok
+                    if not child.children:
+                        leaves.add(id(child))
+                if child.created > child.last_access:
+                    _fail(f"{where}: created after its last access")
+                parts.append(child.slots)
+                stack.append(child)
+    if (evictable, protected) != (cache.evictable_size, cache.protected_size):
+        _fail(
+            f"sizes (evictable, protected) = ({cache.evictable_size}, {cache.protected_size}) "
+            f"but recomputed ({evictable}, {protected})"
+        )
+    total = check_unique_slots(parts)
+    if total != cache.total_size:
+        _fail(f"total_size {cache.total_size} but the tree holds {total} slots")
+    tracked = {id(n) for n in cache._leaves.tracked()}
+    if tracked != leaves:
+        _fail(
+            f"evictable-leaf set has {len(tracked - leaves)} nodes that are not unlocked leaves "
+            f"and misses {len(leaves - tracked)} unlocked leaves"
+        )
+
+
+def check_blockhash(cache: BlockHashCache) -> None:
+    page = cache.page_size
+    evictable = protected = 0
+    children: dict[int, int] = {}
+    parts = []
+    root_ids = set(cache._roots.values())
+    if len(root_ids) != len(cache._roots):
+        _fail("two namespaces share a root id")
+    for key, block in cache._blocks.items():
+        parent_id, tokens = key
+        if block.key != key or not block.alive:
+            _fail(f"block {block.block_id} is filed under a foreign key or dead")
+        if len(tokens) != page * TOKEN_BYTES or len(block.slots) != page:
+            _fail(f"block {block.block_id} is not one full page")
+        parent = block.parent
+        if parent is None:
+            if parent_id not in root_ids:
+                _fail(f"first block {block.block_id} chains to unknown root {parent_id}")
+        else:
+            if parent.block_id != parent_id or cache._blocks.get(parent.key) is not parent:
+                _fail(f"block {block.block_id} chains to a parent not in the table")
+            if parent.ref < block.ref:
+                _fail(f"block {block.block_id} ref {block.ref} exceeds its parent's")
+            if parent.namespace != block.namespace:
+                _fail(f"block {block.block_id} crosses namespaces")
+            children[parent.block_id] = children.get(parent.block_id, 0) + 1
+        if cache._roots.get(block.namespace) != _root_id(cache, block):
+            _fail(f"block {block.block_id} chain does not start at its namespace root")
+        if block.ref < 0:
+            _fail(f"block {block.block_id} has negative ref {block.ref}")
+        in_queue = block.block_id in cache._free
+        if in_queue != (block.ref == 0):
+            _fail(f"block {block.block_id} (ref {block.ref}) free-queue membership is wrong")
+        if block.ref:
+            protected += page
+        else:
+            evictable += page
+        parts.append(block.slots)
+    for block in cache._blocks.values():
+        if block.num_children != children.get(block.block_id, 0):
+            _fail(f"block {block.block_id} child count {block.num_children} is wrong")
+    if len(cache._free) != sum(1 for b in cache._blocks.values() if b.ref == 0):
+        _fail("free queue holds blocks that are not in the table")
+    # Free-queue order: every unreferenced block comes after all its unreferenced descendants,
+    # so the front of the queue never has cached children.
+    position = {bid: i for i, bid in enumerate(cache._free)}
+    for block in cache._blocks.values():
+        parent = block.parent
+        if block.ref == 0 and parent is not None and parent.ref == 0:  # noqa: SIM102
+            if position[parent.block_id] < position[block.block_id]:
+                _fail(f"free queue has block {parent.block_id} before its child")
+    if (evictable, protected) != (cache.evictable_size, cache.protected_size):
+        _fail(
+            f"sizes (evictable, protected) = ({cache.evictable_size}, {cache.protected_size}) "
+            f"but recomputed ({evictable}, {protected})"
+        )
+    check_unique_slots(parts)
+
+
+def _root_id(cache: BlockHashCache, block: Any) -> int:
+    while block.parent is not None:
+        block = block.parent
+    return int(block.key[0])

@@ -1,0 +1,116 @@
+"""The incrementally maintained set of evictable leaves, ordered by an eviction policy.
+
+A binary heap with lazy invalidation. Each tracked node holds its live heap entry in `node.entry`;
+an entry whose node no longer points back at it is stale and is skipped when popped.
+
+Invariants:
+- a node is tracked (``node.entry is not None``) iff the cache considers it an evictable leaf;
+- ``stale`` counts exactly the heap entries that are not some node's live entry;
+- stale entries never outnumber live ones by more than a constant: `invalidate` compacts the heap
+  (O(n)) once stale entries exceed half of it, so every operation is O(log n) amortised and no
+  call ever scans or rebuilds more than the entries invalidated since the last compaction paid for.
+
+For a monotone policy (a node's key only grows with access) an access does not touch the heap: the
+old entry's key is a lower bound of the node's true key, so when it reaches the top `pop` compares
+it with the true key and, if they differ, re-inserts the node with its true key and carries on.
+The entry popped with an up-to-date key is therefore the true minimum among tracked nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, Protocol
+
+from radixkv.cache.policy import EvictionPolicy, PolicyNode
+
+# (primary key, secondary key, insertion sequence number, node); the unique sequence number
+# keeps tuple comparison from ever reaching the node.
+Entry = tuple[int, int, int, Any]
+
+
+class TrackedNode(PolicyNode, Protocol):
+    entry: Entry | None
+
+
+class LeafQueue:
+    """Evictable leaves in policy order (smallest key first)."""
+
+    __slots__ = ("_counter", "_heap", "_key", "_monotone", "live", "stale")
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self._key = policy.key
+        self._monotone = policy.monotone
+        self._heap: list[Entry] = []
+        self._counter = itertools.count()
+        self.live = 0
+        self.stale = 0
+
+    def __len__(self) -> int:
+        return self.live
+
+    def push(self, node: TrackedNode) -> None:
+        """Start tracking `node` (must not be tracked already)."""
+        k0, k1 = self._key(node)
+        entry = (k0, k1, next(self._counter), node)
+        node.entry = entry
+        heapq.heappush(self._heap, entry)
+        self.live += 1
+
+    def invalidate(self, node: TrackedNode) -> None:
+        """Stop tracking `node` (must be tracked)."""
+        node.entry = None
+        self.live -= 1
+        self.stale += 1
+        if self.stale > 64 and self.stale > self.live:
+            self._compact()
+
+    def touched(self, node: TrackedNode) -> None:
+        """`node` (tracked) was accessed; only non-monotone policies need a new entry now."""
+        if not self._monotone:
+            self.invalidate(node)
+            self.push(node)
+
+    def pop(self) -> Any:
+        """Remove and return the tracked node with the smallest key, or None if there is none."""
+        heap = self._heap
+        key = self._key
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[3]
+            if node.entry is not entry:
+                self.stale -= 1
+                continue
+            if self._monotone:
+                k0, k1 = key(node)
+                if k0 != entry[0] or k1 != entry[1]:
+                    fresh = (k0, k1, next(self._counter), node)
+                    node.entry = fresh
+                    heapq.heappush(heap, fresh)
+                    continue
+            node.entry = None
+            self.live -= 1
+            return node
+        return None
+
+    def clear(self) -> None:
+        self._heap = []
+        self.live = 0
+        self.stale = 0
+
+    def tracked(self) -> list[Any]:
+        """Every tracked node (for integrity checks); raises if the counters disagree."""
+        live = [e[3] for e in self._heap if e[3].entry is e]
+        if len(live) != self.live or len(self._heap) - len(live) != self.stale:
+            raise AssertionError(
+                f"leaf queue counters wrong: live={self.live} stale={self.stale} but heap has "
+                f"{len(live)} live and {len(self._heap) - len(live)} stale entries"
+            )
+        if len({id(n) for n in live}) != len(live):
+            raise AssertionError("leaf queue tracks a node twice")
+        return live
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if e[3].entry is e]
+        heapq.heapify(self._heap)
+        self.stale = 0

@@ -1,0 +1,345 @@
+"""RadixCache: a page-aligned, namespaced radix tree mapping token prefixes to KV slot indices.
+
+Metadata only (never imports torch, never frees memory): the caller frees every slot array that
+`evict` or `reset` returns, and the duplicate slots `insert` reports.
+
+Tree invariants (all verified by `check_integrity`):
+- every namespace has its own root; no node is reachable from two roots;
+- every non-root edge holds a whole number (>= 1) of pages of tokens and exactly one slot per token,
+  and a child is filed in its parent's dict under its first page;
+- `node.lock >= child.lock` for every child (locks count along the path to the root);
+- `evictable_size` / `protected_size` are the token sums over unlocked / locked nodes; they move
+  only on 0<->1 lock transitions, on insert, on split (no change) and on evict;
+- the leaf queue tracks exactly the unlocked non-root nodes without children;
+- no slot is held by two nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from radixkv.cache.base import CacheStats, MatchResult, SlotArray
+from radixkv.cache.keys import (
+    EMPTY_SLOTS,
+    TOKEN_BYTES,
+    StatsLedger,
+    concat_slots,
+    frozen_copy,
+    slot_array,
+    token_key,
+)
+from radixkv.cache.leafqueue import Entry, LeafQueue
+from radixkv.cache.policy import EvictionPolicy, make_policy
+
+
+class Node:
+    """One edge of the tree (the root of a namespace has an empty edge and no parent)."""
+
+    __slots__ = (
+        "alive",
+        "children",
+        "created",
+        "entry",
+        "hits",
+        "key",
+        "last_access",
+        "lock",
+        "ntok",
+        "parent",
+        "priority",
+        "slots",
+    )
+
+    def __init__(self, key: bytes, slots: SlotArray, parent: Node | None, clock: int) -> None:
+        self.key = key  # token ids of this edge, int64 little-endian bytes
+        self.slots = slots  # read-only int64 array, one slot per token of `key`
+        self.ntok = len(key) // TOKEN_BYTES
+        self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
+        self.parent = parent
+        self.lock = 0
+        self.last_access = clock
+        self.hits = 1
+        self.created = clock
+        self.priority = 0
+        self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
+        self.alive = True  # False once evicted or dropped by reset: its handle is stale
+
+
+class RadixCache:
+    """Radix-tree prefix cache; see the module docstring for invariants and DESIGN.md for the
+    contract. Accepts tokens as numpy int arrays (fastest), lists or tuples of ints."""
+
+    def __init__(self, page_size: int = 1, policy: str | EvictionPolicy = "lru") -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.policy = make_policy(policy)
+        self._page_bytes = page_size * TOKEN_BYTES
+        self._roots: dict[Hashable | None, Node] = {}
+        self._leaves = LeafQueue(self.policy)
+        self._clock = 0
+        self._evictable = 0
+        self._protected = 0
+        self._stats = StatsLedger()
+
+    # ---------------------------------------------------------------- lookup
+
+    def match(
+        self,
+        tokens: Sequence[int] | SlotArray,
+        namespace: Hashable | None = None,
+        *,
+        record: bool = True,
+    ) -> MatchResult:
+        """Longest cached prefix of `tokens` in `namespace`, floored to whole pages.
+
+        A match ending inside an edge splits it, so `handle` (the deepest matched node, or None
+        for an empty match) covers exactly the matched prefix. `record=False` is a peek: no hit
+        statistics, no recency or hit-count change (it may still split an edge, which changes no
+        size and no eviction order).
+        """
+        q = token_key(tokens)
+        if record:
+            self._stats.match_calls += 1
+            self._stats.requested_tokens += len(q) // TOKEN_BYTES
+        root = self._roots.get(namespace)
+        if root is None:
+            return MatchResult(0, EMPTY_SLOTS, None)
+        path, matched = self._walk(root, q)
+        if not path:
+            return MatchResult(0, EMPTY_SLOTS, None)
+        length = matched // TOKEN_BYTES
+        if record:
+            self._clock += 1
+            clock = self._clock
+            for node in path:
+                node.last_access = clock
+                node.hits += 1
+            last = path[-1]
+            if last.entry is not None:
+                self._leaves.touched(last)
+            self._stats.matched_tokens += length
+        return MatchResult(length, concat_slots([n.slots for n in path]), path[-1])
+
+    def _walk(self, root: Node, q: bytes) -> tuple[list[Node], int]:
+        """Nodes on the longest page-aligned match of `q` below `root`, and its length in bytes.
+        Splits the last edge if the match ends inside it."""
+        pb = self._page_bytes
+        end = len(q) - len(q) % pb
+        node = root
+        pos = 0
+        path: list[Node] = []
+        while pos < end:
+            child = node.children.get(q[pos : pos + pb])
+            if child is None:
+                break
+            key = child.key
+            if q.startswith(key, pos):
+                path.append(child)
+                pos += len(key)
+                node = child
+                continue
+            # Mismatch (or end of query) inside the edge; the first page is known to match.
+            lo, hi = 1, min(len(key), end - pos) // pb
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if q.startswith(key[: mid * pb], pos):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            path.append(self._split(child, lo * pb))
+            pos += lo * pb
+            break
+        return path, pos
+
+    def _split(self, child: Node, at: int) -> Node:
+        """Cut `child`'s edge after `at` bytes (a whole number of pages, 0 < at < len(key)); the
+        new upper node inherits the lock count and all policy fields, so no size changes."""
+        parent = child.parent
+        assert parent is not None
+        ntok = at // TOKEN_BYTES
+        upper = Node(child.key[:at], frozen_copy(child.slots[:ntok]), parent, child.created)
+        upper.lock = child.lock
+        upper.last_access = child.last_access
+        upper.hits = child.hits
+        upper.priority = child.priority
+        parent.children[child.key[: self._page_bytes]] = upper
+        child.key = child.key[at:]
+        child.slots = frozen_copy(child.slots[ntok:])
+        child.ntok -= ntok
+        child.parent = upper
+        upper.children[child.key[: self._page_bytes]] = child
+        return upper
+
+    # ---------------------------------------------------------------- insert
+
+    def insert(
+        self,
+        tokens: Sequence[int] | SlotArray,
+        slots: Sequence[int] | SlotArray,
+        namespace: Hashable | None = None,
+        priority: int = 0,
+    ) -> int:
+        """Insert the page-floored prefix of `tokens` with their KV `slots`; return how many
+        leading tokens were already cached (a multiple of the page size).
+
+        Ownership: the tree keeps its own slots for the already-cached range and adopts
+        `slots[returned:floored_len]` for the new tail. For the range the caller had itself
+        matched and locked (length L), `slots[:L]` ARE the tree's slots (not duplicates); the
+        caller frees only `slots[L:returned]` (computed twice) and, itself, the partial-page tail
+        `slots[floored_len:]`, which the tree never takes. `priority` raises (never lowers) the
+        priority of every node on the path (used by the "priority" policy).
+        """
+        q = token_key(tokens)
+        n = len(q) // TOKEN_BYTES
+        s = slot_array(slots, n)
+        stats = self._stats
+        stats.insert_calls += 1
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = Node(b"", EMPTY_SLOTS, None, self._clock)
+        path, pos = self._walk(root, q)
+        self._clock += 1
+        clock = self._clock
+        for node in path:
+            node.last_access = clock
+            node.hits += 1
+            if priority > node.priority:
+                node.priority = priority
+        end = len(q) - len(q) % self._page_bytes
+        parent = path[-1] if path else root
+        if pos < end:
+            start_tok, end_tok = pos // TOKEN_BYTES, end // TOKEN_BYTES
+            leaf = Node(q[pos:end], frozen_copy(s[start_tok:end_tok]), parent, clock)
+            leaf.priority = priority
+            if parent.entry is not None:
+                self._leaves.invalidate(parent)
+            parent.children[q[pos : pos + self._page_bytes]] = leaf
+            self._leaves.push(leaf)
+            self._evictable += leaf.ntok
+            stats.inserted_tokens += leaf.ntok
+        elif parent.entry is not None:
+            self._leaves.touched(parent)
+        return pos // TOKEN_BYTES
+
+    # ---------------------------------------------------------------- locks
+
+    def lock(self, handle: Any) -> None:
+        """Protect the handle's path to the root from eviction (reference counted)."""
+        if handle is None:
+            return
+        node = self._live(handle)
+        while node.parent is not None:
+            if node.lock == 0:
+                self._evictable -= node.ntok
+                self._protected += node.ntok
+                if node.entry is not None:
+                    self._leaves.invalidate(node)
+            node.lock += 1
+            node = node.parent
+
+    def unlock(self, handle: Any) -> None:
+        """Undo one `lock(handle)`; unlocking a path that is not locked raises ValueError."""
+        if handle is None:
+            return
+        node = self._live(handle)
+        if node.parent is not None and node.lock <= 0:
+            raise ValueError("unlock of a handle that is not locked")
+        while node.parent is not None:
+            node.lock -= 1
+            if node.lock == 0:
+                self._evictable += node.ntok
+                self._protected -= node.ntok
+                if not node.children:
+                    self._leaves.push(node)
+            node = node.parent
+
+    @staticmethod
+    def _live(handle: Any) -> Node:
+        if not isinstance(handle, Node):
+            raise TypeError(f"not a RadixCache handle: {handle!r}")
+        if not handle.alive:
+            raise ValueError("stale handle: its node was evicted or the cache was reset")
+        return handle
+
+    # ---------------------------------------------------------------- eviction
+
+    def evict(self, num_tokens: int) -> SlotArray:
+        """Free whole unlocked leaves in policy order until at least `num_tokens` tokens are
+        freed or nothing is evictable; a parent becomes a candidate when its last child goes.
+        Returns the freed slots (the caller frees them). O(log n) per evicted leaf."""
+        freed: list[SlotArray] = []
+        count = 0
+        leaves = self._leaves
+        pb = self._page_bytes
+        while count < num_tokens:
+            node = leaves.pop()
+            if node is None:
+                break
+            parent = node.parent
+            del parent.children[node.key[:pb]]
+            node.parent = None
+            node.alive = False
+            freed.append(node.slots)
+            count += node.ntok
+            if parent.parent is not None and not parent.children and parent.lock == 0:
+                leaves.push(parent)
+        self._evictable -= count
+        self._stats.evicted_tokens += count
+        return concat_slots(freed)
+
+    # ---------------------------------------------------------------- sizes, stats, reset
+
+    @property
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    @property
+    def protected_size(self) -> int:
+        return self._protected
+
+    @property
+    def total_size(self) -> int:
+        return self._evictable + self._protected
+
+    def stats(self) -> CacheStats:
+        return self._stats.snapshot()
+
+    def reset_stats(self) -> None:
+        self._stats = StatsLedger()
+
+    def namespaces(self) -> list[Hashable | None]:
+        return list(self._roots)
+
+    def iter_nodes(self) -> list[tuple[Hashable | None, Node]]:
+        """Every non-root node with its namespace, parents before children."""
+        out: list[tuple[Hashable | None, Node]] = []
+        for ns, root in self._roots.items():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                out.append((ns, node))
+                stack.extend(node.children.values())
+        return out
+
+    def reset(self) -> SlotArray:
+        """Drop every node, locks included (their handles become stale) and return all the
+        slots the tree held, for the caller to free. Statistics are cumulative and survive;
+        call `reset_stats` for fresh counters."""
+        parts = []
+        for _, node in self.iter_nodes():
+            node.alive = False
+            node.entry = None
+            parts.append(node.slots)
+        self._roots.clear()
+        self._leaves.clear()
+        self._evictable = 0
+        self._protected = 0
+        return concat_slots(parts)
+
+    def check_integrity(self) -> None:
+        """Verify every tree invariant; raises AssertionError naming the first violation."""
+        from radixkv.cache.integrity import check_radix
+
+        check_radix(self)
