@@ -1,0 +1,331 @@
+"""The OpenAI-compatible FastAPI app over an AsyncEngine.
+
+`create_app(engine, ...)` wraps an already-built Engine; the app's lifespan starts and stops the
+engine loop thread. Request bodies are parsed by hand (protocol.parse_body) so every bad input is
+an OpenAI-style 4xx body, never FastAPI's 422.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixkv.engine.types import RequestError
+from radixkv.server.async_engine import AsyncEngine, EngineLike
+from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
+from radixkv.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    overloaded,
+    parse_body,
+)
+from radixkv.server.serving import Generation, Kind
+from radixkv.server.sessions import SessionTracker
+
+log = logging.getLogger("radixkv.server")
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_CHAT_MAX_TOKENS = 512
+
+
+class ServerState:
+    """Everything the handlers share; one per app."""
+
+    def __init__(self, engine: EngineLike, model_name: str, api_key: str | None) -> None:
+        self.engine = AsyncEngine(engine)
+        self.tokenizer = engine.tokenizer
+        self.vocab_size = int(engine.tokenizer.vocab_size)
+        self.model_name = model_name
+        self.api_key = api_key
+        self.sessions = SessionTracker()
+        self.metrics = ServerMetrics(lambda: self.engine.last_metrics)
+        self.started = int(time.time())
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(
+                f"model '{model}' not found; this server serves '{self.model_name}'",
+                404,
+                param="model",
+                code="model_not_found",
+            )
+
+
+def request_error(exc: RequestError) -> APIError:
+    """Map the engine's RequestError (code = HTTP-ish status) to an OpenAI-style error."""
+    if exc.code in (429, 503):
+        return overloaded(str(exc))
+    if exc.code == 413:  # longer than the context or the pool: OpenAI reports a 400
+        return APIError(str(exc), 400, param=exc.param or "prompt", code="context_length_exceeded")
+    return APIError(str(exc), exc.code, param=exc.param, code="invalid_value")
+
+
+_KNOWN_ROUTES = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/flush_cache",
+        "/cache/stats",
+    }
+)
+
+
+def _route_label(path: str) -> str:
+    if path.startswith("/sessions/"):
+        return "/sessions/{id}"
+    return path if path in _KNOWN_ROUTES else "other"
+
+
+def _auth_and_count(state: ServerState, app: Any) -> Callable[..., Awaitable[None]]:
+    """Pure ASGI middleware (safe with streaming): Bearer auth on all routes but /health, and
+    a request counter by route and status."""
+
+    async def middleware(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        status = {"code": 500}
+
+        async def counting_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if state.api_key and path != "/health" and not _authorized(scope, state.api_key):
+                err = APIError(
+                    "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                    401,
+                    code="invalid_api_key",
+                )
+                await JSONResponse(err.body(), 401)(scope, receive, counting_send)
+                return
+            await app(scope, receive, counting_send)
+        finally:
+            state.metrics.http_requests.labels(_route_label(path), str(status["code"])).inc()
+
+    return middleware
+
+
+def _authorized(scope: Any, api_key: str) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key)
+    return False
+
+
+def create_app(engine: EngineLike, model_name: str, api_key: str | None = None) -> FastAPI:
+    state = ServerState(engine, model_name, api_key)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            await state.engine.stop()
+
+    app = FastAPI(title="RadixKV", lifespan=lifespan)
+    app.state.radixkv = state
+    _install_error_handlers(app)
+    _install_routes(app, state)
+    app.add_middleware(_asgi_wrapper(state))
+    return app
+
+
+def _asgi_wrapper(state: ServerState) -> Callable[[Any], Callable[..., Awaitable[None]]]:
+    def factory(app: Any) -> Callable[..., Awaitable[None]]:
+        return _auth_and_count(state, app)
+
+    return factory
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), exc.status)
+
+    @app.exception_handler(RequestError)
+    async def _engine_error(_: Request, exc: RequestError) -> JSONResponse:
+        err = request_error(exc)
+        return JSONResponse(err.body(), err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = APIError(str(exc.detail), exc.status_code, code="not_found")
+        return JSONResponse(err.body(), exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(f"invalid request: {exc.errors()}").body(), 400)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        err = APIError(f"internal error: {type(exc).__name__}", 500, type="server_error")
+        return JSONResponse(err.body(), 500)
+
+
+async def _generate(
+    state: ServerState, request: Request, kind: Kind, req: Any, prompt_ids: list[int]
+) -> Response:
+    """Submit a tokenized request and answer it as JSON or as an SSE stream."""
+    t0 = time.perf_counter()
+    default_max = DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS
+    sampling = req.sampling(default_max)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
+    gen = Generation(
+        state, kind, request_id, stream, len(prompt_ids), t0, req.session_id, req.include_usage
+    )
+    if req.stream:
+        return StreamingResponse(
+            gen.sse(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return JSONResponse(await gen.collect(request))
+
+
+def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
+    prompt = req.prompt_text_or_ids()
+    if isinstance(prompt, str):
+        ids = list(state.tokenizer.encode(prompt))
+    else:
+        ids = prompt
+        bad = [t for t in ids if not 0 <= t < state.vocab_size]
+        if bad:
+            raise APIError(
+                f"prompt token id {bad[0]} is outside the vocabulary [0, {state.vocab_size})",
+                param="prompt",
+                code="invalid_value",
+            )
+    if not ids:
+        raise APIError("prompt is empty", param="prompt", code="invalid_value")
+    return ids
+
+
+def _install_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_body(CompletionRequest, await request.body())
+        state.check_model(req.model)
+        req.check(state.vocab_size)
+        return await _generate(state, request, "completion", req, _completion_prompt(state, req))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = parse_body(ChatCompletionRequest, await request.body())
+        state.check_model(req.model)
+        req.check(state.vocab_size)
+        try:
+            ids = list(
+                state.tokenizer.apply_chat_template(
+                    req.template_messages(), add_generation_prompt=True
+                )
+            )
+        except Exception as exc:  # template errors (e.g. role order) are the caller's input
+            raise APIError(f"chat template failed: {exc}", param="messages") from None
+        return await _generate(state, request, "chat", req, ids)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        state.check_model(model)
+        return _model_card(state)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.engine.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "error", "error": state.engine.fatal_error}, 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> dict[str, Any]:
+        flushed = await state.engine.call(lambda e: bool(e.flush_cache()))
+        return {"flushed": flushed, **_stats(state, state.engine.last_metrics)}
+
+    @app.get("/cache/stats")
+    async def cache_stats() -> dict[str, Any]:
+        m, memory = await state.engine.call(_metrics_and_census)
+        return {**_stats(state, m), "memory_check": memory}
+
+    @app.get("/sessions/{session_id}")
+    async def session(session_id: str) -> dict[str, Any]:
+        return _session_or_404(state, session_id, close=False)
+
+    @app.post("/sessions/{session_id}/close")
+    async def close_session(session_id: str) -> dict[str, Any]:
+        out = _session_or_404(state, session_id, close=True)
+        if hasattr(state.engine.engine, "close_session"):  # hook for session-aware eviction
+            await state.engine.call(lambda e: e.close_session(session_id))
+        return out
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "radixkv",
+    }
+
+
+def _metrics_and_census(engine: Any) -> tuple[Any, str]:
+    try:
+        engine.check_memory()
+        memory = "ok"
+    except Exception as exc:
+        memory = f"FAILED: {exc}"
+    return engine.metrics(), memory
+
+
+def _stats(state: ServerState, m: Any) -> dict[str, Any]:
+    cfg = state.engine.engine.config
+    return {
+        **dataclasses.asdict(m),
+        "token_hit_rate": m.token_hit_rate,
+        "pool_usage": m.pool_usage,
+        "inflight_requests": state.engine.inflight,
+        "config": {
+            "cache": cfg.cache,
+            "prefix_cache_enabled": cfg.prefix_cache_enabled,
+            "page_size": cfg.page_size,
+            "eviction_policy": cfg.eviction_policy,
+            "schedule_policy": cfg.schedule_policy,
+        },
+    }
+
+
+def _session_or_404(state: ServerState, session_id: str, close: bool) -> dict[str, Any]:
+    stats = state.sessions.close(session_id) if close else state.sessions.get(session_id)
+    if stats is None:
+        raise APIError(
+            f"session '{session_id}' not found", 404, param="session_id", code="not_found"
+        )
+    return stats.to_json()

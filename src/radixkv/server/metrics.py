@@ -1,0 +1,100 @@
+"""Prometheus metrics for `GET /metrics` (text exposition via prometheus-client).
+
+Engine-side figures (hit rate, pool, tree, queue depths) come from the latest EngineMetrics
+snapshot the loop thread published, rendered at scrape time by a custom collector, so scraping
+never touches the engine. Server-side figures (TTFT, latency, request counts) are ordinary
+prometheus-client histograms/counters. Each app gets its own registry, so several servers can run
+in one process (tests) without clashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radixkv.engine.types import EngineMetrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, snapshot: Callable[[], EngineMetrics]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._snapshot()
+        gauges = {
+            "token_hit_rate": ("Cached prompt tokens / prompt tokens, all time", m.token_hit_rate),
+            "pool_slots": ("KV pool size in token slots", m.pool_slots),
+            "pool_free_slots": ("Free KV slots", m.free_slots),
+            "pool_usage": ("Fraction of KV slots not free", m.pool_usage),
+            "tree_cached_tokens": ("Tokens held by the prefix cache", m.cached_tokens_in_tree),
+            "evictable_tokens": ("Cached tokens not locked by any request", m.evictable_tokens),
+            "running_requests": ("Requests in the running batch", m.running_requests),
+            "waiting_requests": ("Requests waiting for admission", m.waiting_requests),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(f"radixkv_{name}", doc, value=float(value))
+        counters = {
+            "prompt_tokens": ("Prompt tokens of admitted requests", m.prompt_tokens_total),
+            "cached_prompt_tokens": (
+                "Prompt tokens served from the prefix cache",
+                m.cached_prompt_tokens_total,
+            ),
+            "generated_tokens": ("Generated tokens", m.generated_tokens_total),
+            "preemptions": ("Requests retracted to the queue", m.num_preemptions),
+            "engine_finished_requests": ("Requests the engine finished", m.finished_requests),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"radixkv_{name}", doc, value=float(value))
+
+
+class ServerMetrics:
+    """The registry behind /metrics plus the server-side instruments."""
+
+    def __init__(self, snapshot: Callable[[], EngineMetrics]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(snapshot))
+        self.ttft = Histogram(
+            "radixkv_time_to_first_token_seconds",
+            "Time from request arrival to its first generated token",
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "radixkv_request_latency_seconds",
+            "Time from request arrival to its last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "radixkv_http_requests",
+            "HTTP requests by route and status code",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "radixkv_requests_finished",
+            "Generation requests by finish reason (stop, length, abort, error)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.request_prompt_tokens = Counter(
+            "radixkv_request_prompt_tokens",
+            "Prompt tokens of finished generation requests",
+            registry=self.registry,
+        )
+        self.request_cached_tokens = Counter(
+            "radixkv_request_cached_tokens",
+            "Cached prompt tokens of finished generation requests",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

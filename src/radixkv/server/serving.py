@@ -1,0 +1,210 @@
+"""Generation handlers shared by /v1/completions and /v1/chat/completions.
+
+One `Generation` follows one request from submission to its finished delta, building either a
+single JSON response or an SSE stream of chunks (OpenAI wire format). Invariant: however the
+response ends — finished, client gone, server error — `finish()` runs exactly once, and if the
+engine did not report the request finished, the request is aborted so its slots and locks are
+released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from starlette.requests import Request
+
+from radixkv.engine.types import StreamDelta
+from radixkv.server.protocol import APIError
+
+if TYPE_CHECKING:
+    from radixkv.server.app import ServerState
+
+Kind = Literal["completion", "chat"]
+
+
+class Generation:
+    """State of one in-flight generation request, from its first delta to its finish."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        kind: Kind,
+        request_id: str,
+        stream: asyncio.Queue[StreamDelta],
+        prompt_len: int,
+        t0: float,
+        session_id: str | None,
+        include_usage: bool,
+    ) -> None:
+        self.state = state
+        self.kind = kind
+        self.request_id = request_id
+        self.stream = stream
+        self.t0 = t0
+        self.session_id = session_id
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_len
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self._first_token = False
+        self._done = False
+
+    # ---- delta bookkeeping ----
+    async def next_delta(self) -> StreamDelta:
+        delta = await self.stream.get()
+        if delta.prompt_tokens:
+            self.prompt_tokens = delta.prompt_tokens
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
+        self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
+        if delta.new_token_ids and not self._first_token:
+            self._first_token = True
+            self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+        if delta.finished:
+            self.finish_reason = delta.finish_reason or "stop"
+            self.error = delta.error
+        return delta
+
+    def finish(self) -> None:
+        """Release and account the request; idempotent, safe from `finally`."""
+        if self._done:
+            return
+        self._done = True
+        if self.finish_reason is None:  # client went away or we failed: free what it holds
+            self.state.engine.abort(self.request_id)
+            self.finish_reason = "abort"
+        m = self.state.metrics
+        m.finished.labels(self.finish_reason).inc()
+        m.latency.observe(time.perf_counter() - self.t0)
+        m.request_prompt_tokens.inc(self.prompt_tokens)
+        m.request_cached_tokens.inc(self.cached_tokens)
+        if self.session_id is not None:
+            self.state.sessions.record(
+                self.session_id, self.prompt_tokens, self.cached_tokens, self.completion_tokens
+            )
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+    def _failure(self) -> APIError:
+        if self.finish_reason == "abort":
+            return APIError("request aborted", 503, type="server_error", code="aborted")
+        return APIError(self.error or "generation failed", 500, type="server_error")
+
+    # ---- non-streaming ----
+    async def collect(self, request: Request) -> dict[str, Any]:
+        """Run to completion; a client disconnect aborts the request."""
+        watcher = asyncio.create_task(_abort_on_disconnect(request, self))
+        parts: list[str] = []
+        try:
+            while True:
+                delta = await self.next_delta()
+                parts.append(delta.new_text)
+                if delta.finished:
+                    break
+        finally:
+            watcher.cancel()
+            self.finish()
+        if self.finish_reason in ("abort", "error"):
+            raise self._failure()
+        text = "".join(parts)
+        if self.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": self.finish_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": self.finish_reason,
+            }
+        return {
+            "id": self.request_id,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": [choice],
+            "usage": self.usage(),
+        }
+
+    # ---- streaming ----
+    def _chunk(self, text: str | None, finish_reason: str | None, role: bool = False) -> str:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text:
+                delta["content"] = text
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text or "",
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        return self._event(choices=[choice])
+
+    def _event(self, choices: list[Any], usage: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def sse(self) -> AsyncIterator[str]:
+        """SSE events ending with `data: [DONE]`; cancellation (disconnect) aborts via finish()."""
+        try:
+            if self.kind == "chat":
+                yield self._chunk(None, None, role=True)
+            while True:
+                delta = await self.next_delta()
+                if delta.finished and self.finish_reason in ("abort", "error"):
+                    err = self._failure()
+                    if delta.new_text:
+                        yield self._chunk(delta.new_text, None)
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                    break
+                if delta.new_text or delta.finished:
+                    yield self._chunk(
+                        delta.new_text, self.finish_reason if delta.finished else None
+                    )
+                if delta.finished:
+                    break
+            if self.include_usage and self.finish_reason not in ("abort", "error"):
+                yield self._event(choices=[], usage=self.usage())
+            yield "data: [DONE]\n\n"
+        finally:
+            self.finish()
+
+
+async def _abort_on_disconnect(request: Request, gen: Generation) -> None:
+    """Wait for the client to hang up (non-streaming requests) and abort its request."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            gen.finish()
+            return
