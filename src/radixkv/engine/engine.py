@@ -1,0 +1,311 @@
+"""The in-process Engine (contract in radixkv.engine.types): model + KV pool + allocator + request
+table + prefix cache + scheduler + runner + sampler, driven one `step()` at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import random
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from radixkv.engine import setup
+from radixkv.engine.kv_manager import KVManager
+from radixkv.engine.request import Request, Status
+from radixkv.engine.runner import ModelRunner
+from radixkv.engine.sampler import make_generator, sample
+from radixkv.engine.scheduler import Scheduler
+from radixkv.engine.stop import TextStream
+from radixkv.engine.types import (
+    EngineConfig,
+    EngineMetrics,
+    FinishReason,
+    RequestError,
+    RequestOptions,
+    RequestOutput,
+    SamplingParams,
+    StreamDelta,
+)
+from radixkv.memory.allocator import PageAllocator
+from radixkv.memory.pool import KVPool
+from radixkv.memory.req_table import ReqToTokenTable
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int]
+
+
+class Engine:
+    """Single-threaded serving engine; see the contract in radixkv.engine.types."""
+
+    log_interval_s = 10.0
+
+    def __init__(
+        self, model: Any = None, config: EngineConfig | None = None, **overrides: Any
+    ) -> None:
+        cfg = config or EngineConfig()
+        if isinstance(model, str):
+            overrides.setdefault("model", model)
+        cfg = dataclasses.replace(cfg, **overrides)
+        setup.validate_config(cfg)
+        device = setup.resolve_device(cfg.device)
+        dtype = setup.resolve_dtype(cfg.dtype, device)
+        # A loaded model object (anything with .model/.config/.tokenizer) is used as is.
+        self.lm = model if setup.is_loaded_model(model) else setup.load(cfg.model, device, dtype)
+        mc = self.lm.config
+        self.tokenizer: Any = self.lm.tokenizer
+        self.config = cfg
+        self.device = device
+        self.vocab_size = int(mc.vocab_size)
+        self.max_model_len = int(cfg.max_model_len or mc.max_position_embeddings)
+        self.eos_token_ids = frozenset(
+            int(t)
+            for t in itertools.chain(
+                getattr(mc, "eos_token_ids", ()) or (),
+                getattr(self.tokenizer, "eos_token_ids", ()) or (),
+            )
+        )
+        num_slots = setup.num_slots(cfg, mc, dtype)
+        self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        self.allocator = PageAllocator(num_slots, cfg.page_size)
+        max_context = min(
+            self.allocator.pages_for(self.max_model_len) * cfg.page_size, self.allocator.num_slots
+        )
+        self.table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
+        self.cache = setup.make_prefix_cache(cfg)
+        self.kv = KVManager(self.allocator, self.table, self.cache)
+        self.scheduler = Scheduler(cfg, self.kv)
+        self.runner = ModelRunner(self.lm.model, self.pool, self.table)
+        self._requests: dict[str, Request] = {}
+        self._pending: list[StreamDelta] = []
+        self._ids = itertools.count()
+        self._seeds = random.Random(cfg.seed)
+        self._generated_total = 0
+        self._finished_total = 0
+        self._last_log = time.perf_counter()
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_ids: Prompt,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        options: RequestOptions | None = None,
+    ) -> str:
+        """Queue one request; raises RequestError (400 bad input, 503 queue full)."""
+        sampling = sampling or SamplingParams()
+        options = options or RequestOptions()
+        sampling.validate()
+        ids = self.tokenizer.encode(prompt_ids) if isinstance(prompt_ids, str) else prompt_ids
+        ids = self._validate_prompt(ids, sampling)
+        if len(self.scheduler.waiting) >= self.config.max_queued_requests:
+            raise RequestError("too many queued requests; retry later", code=503)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise RequestError(f"request id {rid!r} is already in use", param="request_id")
+        gen = None
+        if not sampling.greedy:
+            seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+            gen = make_generator(seed)
+        req = Request(
+            request_id=rid,
+            prompt_ids=ids,
+            sampling=sampling,
+            options=options,
+            stream=TextStream(self.tokenizer.make_decoder(), sampling.stop),
+            generator=gen,
+        )
+        self._requests[rid] = req
+        self.scheduler.add(req)
+        return rid
+
+    def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(
+                f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                param="prompt",
+            )
+        total = len(ids) + sampling.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) = {total} "
+                f"exceeds max_model_len {self.max_model_len}",
+                param="max_tokens",
+            )
+        if self.allocator.pages_for(total) > self.allocator.num_pages:
+            raise RequestError(
+                f"prompt + max_tokens = {total} tokens can never fit the KV pool "
+                f"({self.allocator.num_slots} slots)",
+                param="max_tokens",
+            )
+        return ids
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work or bool(self._pending)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; its last delta (next step()) has finish_reason='abort'."""
+        req = self._requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        self.scheduler.remove(req)
+        self._pending.append(self._finish(req, "abort", []))
+        return True
+
+    # -- stepping ------------------------------------------------------------------------------
+    def step(self) -> list[StreamDelta]:
+        """One scheduler step; deltas for requests that produced tokens or finished."""
+        deltas, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.empty:
+            return deltas
+        logits = self.runner.forward(sched)
+        self.scheduler.after_forward(sched)
+        ready = [i for i, r in enumerate(sched.reqs) if r.pending == 0]
+        if ready:
+            reqs = [sched.reqs[i] for i in ready]
+            tokens = sample(logits[ready], [r.sampling for r in reqs], [r.generator for r in reqs])
+            now = time.perf_counter()
+            for req, tok in zip(reqs, tokens, strict=True):
+                deltas.append(self._on_token(req, tok, now))
+        self._maybe_log()
+        return deltas
+
+    def _on_token(self, req: Request, tok: int, now: float) -> StreamDelta:
+        req.tokens.append(tok)
+        self._generated_total += 1
+        if req.first_token_time is None:
+            req.first_token_time = now
+        sp = req.sampling
+        reason: FinishReason | None = None
+        if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in self.eos_token_ids):
+            reason = "stop"  # the stop token's text is not part of the output
+        elif req.stream.push(tok):
+            reason = "stop"
+        if reason is None and req.num_output >= sp.max_tokens:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.remove(req)
+            return self._finish(req, reason, [tok])
+        req.sent_tokens = req.num_output
+        return self._delta(req, [tok], req.stream.take(final=False))
+
+    def _finish(self, req: Request, reason: FinishReason, new_ids: list[int]) -> StreamDelta:
+        if reason != "stop" and req.stream.flush():
+            reason = "stop"  # the held-back tail completed a stop string
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.finish_time = time.perf_counter()
+        req.sent_tokens = req.num_output
+        self._requests.pop(req.request_id, None)
+        self._finished_total += 1
+        return self._delta(req, new_ids, req.stream.take(final=True), reason)
+
+    def _delta(
+        self, req: Request, ids: list[int], text: str, reason: FinishReason | None = None
+    ) -> StreamDelta:
+        return StreamDelta(
+            request_id=req.request_id,
+            new_token_ids=ids,
+            new_text=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            prompt_tokens=req.num_prompt,
+            cached_tokens=req.cached_tokens,
+            completion_tokens=req.num_output,
+        )
+
+    # -- blocking helpers ----------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        options: RequestOptions | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion (batched with anything already queued)."""
+        batch = setup.normalize_prompts(prompts)
+        params = setup.normalize_sampling(sampling, len(batch))
+        reqs: list[Request] = []
+        try:
+            for p, sp in zip(batch, params, strict=True):
+                reqs.append(self._requests[self.add_request(p, sp, options=options)])
+        except RequestError:
+            for r in reqs:
+                self.abort(r.request_id)
+            raise
+        mine = {r.request_id for r in reqs}
+        while any(not r.finished for r in reqs):
+            # Deltas of other requests (added through add_request) are kept for step()'s caller.
+            self._pending.extend(d for d in self.step() if d.request_id not in mine)
+        return [r.to_output() for r in reqs]
+
+    def stream(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams | None = None,
+        options: RequestOptions | None = None,
+    ) -> Iterator[StreamDelta]:
+        """Yield this request's deltas as they are produced (other requests keep running)."""
+        rid = self.add_request(prompt, sampling, options=options)
+        done = False
+        try:
+            while not done:
+                for d in self.step():
+                    if d.request_id != rid:
+                        self._pending.append(d)
+                        continue
+                    done = done or d.finished
+                    yield d
+        finally:
+            if not done:
+                self.abort(rid)
+
+    # -- cache and introspection ---------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        """Drop every unlocked cached prefix; True when the cache is now empty of them."""
+        self.kv.flush(idle=not self.scheduler.running)
+        return self.cache is None or self.cache.evictable_size == 0
+
+    def metrics(self) -> EngineMetrics:
+        s = self.scheduler
+        return EngineMetrics(
+            running_requests=len(s.running),
+            waiting_requests=len(s.waiting),
+            pool_slots=self.allocator.num_slots,
+            free_slots=self.allocator.free_slots,
+            cached_tokens_in_tree=self.cache.total_size if self.cache is not None else 0,
+            evictable_tokens=self.cache.evictable_size if self.cache is not None else 0,
+            prompt_tokens_total=s.prompt_tokens_total,
+            cached_prompt_tokens_total=s.cached_prompt_tokens_total,
+            generated_tokens_total=self._generated_total,
+            num_preemptions=s.num_preemptions,
+            finished_requests=self._finished_total,
+        )
+
+    def check_memory(self) -> None:
+        """Raise RuntimeError unless free + cached + held == pool size (and owners are sane)."""
+        self.kv.check(self.scheduler.running)
+
+    def _maybe_log(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_log < self.log_interval_s:
+            return
+        self._last_log = now
+        m = self.metrics()
+        logger.info(
+            "running=%d waiting=%d pool usage=%.1f%% token hit rate=%.1f%% cached=%d "
+            "preemptions=%d finished=%d",
+            m.running_requests,
+            m.waiting_requests,
+            100 * m.pool_usage,
+            100 * m.token_hit_rate,
+            m.cached_tokens_in_tree,
+            m.num_preemptions,
+            m.finished_requests,
+        )

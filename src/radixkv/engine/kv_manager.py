@@ -1,0 +1,177 @@
+"""Memory bookkeeping for running requests: the only code that moves slots between the three owners
+(allocator free list, prefix cache, running requests) and writes the request→token table.
+
+Census invariant, after every public call:
+    allocator.free_slots + cache.total_size + sum(len(r.own_pages) for r running) * page_size
+        == allocator.num_slots
+Each page has exactly one owner. A running request's positions [0, prefix_len) are cache-owned
+(locked through `handle`), [prefix_len, capacity) are its `own_pages`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.cache.base import PrefixCache
+from radixkv.engine.request import Request
+from radixkv.memory.allocator import PageAllocator
+from radixkv.memory.req_table import ReqToTokenTable
+
+
+class KVManager:
+    def __init__(
+        self, allocator: PageAllocator, table: ReqToTokenTable, cache: PrefixCache | None
+    ) -> None:
+        self.allocator = allocator
+        self.table = table
+        self.cache = cache
+        self.page_size = allocator.page_size
+
+    # -- allocation ---------------------------------------------------------------------------
+    def available_pages(self) -> int:
+        """Pages obtainable now: free ones plus those the cache could evict."""
+        evictable = self.cache.evictable_size // self.page_size if self.cache is not None else 0
+        return self.allocator.free_pages + evictable
+
+    def alloc(self, num_pages: int) -> list[int] | None:
+        """`num_pages` pages, evicting unlocked cached prefixes when short; None if impossible."""
+        pages = self.allocator.alloc_pages(num_pages)
+        if pages is None and self.cache is not None:
+            short = num_pages - self.allocator.free_pages
+            evicted = self.cache.evict(short * self.page_size)
+            self.allocator.free_slots_of_pages(evicted)
+            pages = self.allocator.alloc_pages(num_pages)
+        return pages
+
+    @staticmethod
+    def capacity(req: Request, page_size: int) -> int:
+        return req.prefix_len + len(req.own_pages) * page_size
+
+    # -- admission ----------------------------------------------------------------------------
+    def match_and_lock(self, req: Request) -> tuple[int, np.ndarray]:
+        """Lock the longest cached prefix of all but the last token; (length, slots)."""
+        if self.cache is None:
+            return 0, np.empty(0, dtype=np.int64)
+        query = req.tokens[: len(req.tokens) - 1]
+        m = self.cache.match(query, req.namespace)
+        if m.length > 0:
+            self.cache.lock(m.handle)
+            req.handle = m.handle
+        return m.length, np.asarray(m.slots[: m.length], dtype=np.int64)
+
+    def unlock(self, req: Request) -> None:
+        if req.handle is not None and self.cache is not None:
+            self.cache.unlock(req.handle)
+        req.handle = None
+
+    def bind(
+        self, req: Request, prefix_len: int, prefix_slots: np.ndarray, pages: list[int]
+    ) -> None:
+        """Give `req` a table row: cached prefix slots, then its own pages."""
+        row = self.table.alloc_row()
+        self.table.write(row, 0, prefix_slots)
+        self.table.write(row, prefix_len, self.allocator.page_slots(pages))
+        req.row, req.prefix_len, req.kv_len, req.own_pages = row, prefix_len, prefix_len, pages
+
+    def grow(self, req: Request, new_len: int) -> bool:
+        """Make sure positions < new_len have slots; False (nothing changed) if out of memory."""
+        cap = self.capacity(req, self.page_size)
+        if new_len <= cap:
+            return True
+        pages = self.alloc(self.allocator.pages_for(new_len - cap))
+        if pages is None:
+            return False
+        self.table.write(req.row, cap, self.allocator.page_slots(pages))
+        req.own_pages.extend(pages)
+        return True
+
+    # -- handing computed KV to the cache -----------------------------------------------------
+    def _insert(self, req: Request, aligned: int) -> int:
+        """Insert tokens[:aligned] with their slots; free our duplicate pages; return how many
+        leading pages of `own_pages` the cache now owns or were freed (the tree adopted them)."""
+        assert self.cache is not None
+        slots = self.table.get_numpy(req.row, 0, aligned)
+        cached = self.cache.insert(
+            req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
+        )
+        if cached < req.prefix_len:
+            raise RuntimeError(
+                f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
+            )
+        # Positions [prefix_len, cached) were already in the tree under other slots: ours there
+        # are duplicates. The tree adopted ours for [cached, aligned).
+        dup_pages = (min(cached, aligned) - req.prefix_len) // self.page_size
+        if dup_pages:
+            self.allocator.free_page_ids(req.own_pages[:dup_pages])
+        return (aligned - req.prefix_len) // self.page_size
+
+    def commit_prefix(self, req: Request) -> None:
+        """After a prefill chunk: move the computed whole pages into the cache and the lock onto
+        them, so later arrivals already hit the finished chunks."""
+        if self.cache is None:
+            return
+        aligned = req.kv_len // self.page_size * self.page_size
+        if aligned <= req.prefix_len:
+            return
+        handed = self._insert(req, aligned)
+        m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
+        if m.length != aligned:
+            raise RuntimeError(f"prefix just inserted ({aligned}) matched only {m.length}")
+        self.cache.lock(m.handle)
+        self.unlock(req)
+        req.handle = m.handle
+        # The duplicate range now reads the tree's slots (same tokens, same positions → same KV).
+        self.table.write(req.row, 0, np.asarray(m.slots[:aligned], dtype=np.int64))
+        req.own_pages = req.own_pages[handed:]
+        req.prefix_len = aligned
+
+    def release(self, req: Request) -> None:
+        """Finish/abort/retract: computed whole pages go to the cache (if any), everything else
+        is freed, the lock is dropped, the row is returned."""
+        handed = 0
+        if self.cache is not None:
+            aligned = req.kv_len // self.page_size * self.page_size
+            if aligned > req.prefix_len:
+                handed = self._insert(req, aligned)
+        if handed < len(req.own_pages):
+            self.allocator.free_page_ids(req.own_pages[handed:])
+        self.unlock(req)
+        self.table.free_row(req.row)
+        req.row, req.kv_len, req.prefix_len, req.own_pages = -1, 0, 0, []
+
+    # -- whole-pool operations ----------------------------------------------------------------
+    def flush(self, idle: bool) -> None:
+        """Drop every unlocked cached prefix (everything, when no request holds a lock)."""
+        if self.cache is None:
+            return
+        if idle:
+            self.allocator.free_slots_of_pages(self.cache.reset())
+        else:
+            self.allocator.free_slots_of_pages(self.cache.evict(self.cache.evictable_size))
+
+    def census(self, running: list[Request]) -> tuple[int, int, int]:
+        """(free, cached-in-tree, held-by-running) slot counts."""
+        cached = self.cache.total_size if self.cache is not None else 0
+        held = sum(len(r.own_pages) for r in running) * self.page_size
+        return self.allocator.free_slots, cached, held
+
+    def check(self, running: list[Request]) -> None:
+        """Raise unless the census balances and every running request's pages are owned."""
+        self.allocator.check()
+        free, cached, held = self.census(running)
+        if free + cached + held != self.allocator.num_slots:
+            raise RuntimeError(
+                f"KV census broken: free {free} + cached {cached} + held {held} "
+                f"!= pool {self.allocator.num_slots}"
+            )
+        seen: set[int] = set()
+        for r in running:
+            for p in r.own_pages:
+                if p in seen or not self.allocator.is_allocated(p):
+                    raise RuntimeError(f"page {p} of {r.request_id} is free or shared")
+                seen.add(p)
+            cap = self.capacity(r, self.page_size)
+            if not r.prefix_len <= r.kv_len <= cap or self.table.capacity(r.row) < cap:
+                raise RuntimeError(f"request {r.request_id} has inconsistent lengths")
+        if self.cache is not None:
+            self.cache.check_integrity()

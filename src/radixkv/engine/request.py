@@ -1,0 +1,107 @@
+"""One request's state as it moves waiting → running → finished (and back, when retracted)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixkv.engine.stop import TextStream
+from radixkv.engine.types import FinishReason, RequestOptions, RequestOutput, SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A request and the memory it holds while running.
+
+    Memory layout of a running request (positions of `tokens`):
+      [0, prefix_len)            slots owned by the prefix cache, locked through `handle`
+      [prefix_len, capacity)     slots of `own_pages` (page j covers prefix_len + j*ps ...)
+    with capacity = prefix_len + len(own_pages) * page_size, and `kv_len <= capacity` positions
+    whose K/V is computed. `prefix_len` is always a whole number of pages.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    options: RequestOptions
+    stream: TextStream
+    generator: torch.Generator | None
+    arrival: float = field(default_factory=time.perf_counter)
+    tokens: list[int] = field(default_factory=list)  # prompt + generated, in order
+    status: Status = Status.WAITING
+    # Memory (valid while RUNNING).
+    row: int = -1
+    kv_len: int = 0
+    prefix_len: int = 0
+    handle: Any = None
+    own_pages: list[int] = field(default_factory=list)
+    admit_seq: int = -1  # larger = admitted later; the newest is retracted first
+    # Stats.
+    cached_tokens: int = 0  # prompt tokens served from the cache on first admission
+    admitted_once: bool = False
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    sent_tokens: int = 0  # output tokens already reported in a StreamDelta
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+
+    @property
+    def namespace(self) -> Hashable | None:
+        return self.options.namespace
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids) :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def pending(self) -> int:
+        """Tokens whose K/V still has to be computed before the next token can be sampled."""
+        return len(self.tokens) - self.kv_len
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.pending > 1
+
+    def to_output(self) -> RequestOutput:
+        ttft = self.first_token_time - self.arrival if self.first_token_time is not None else None
+        latency = self.finish_time - self.arrival if self.finish_time is not None else None
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_ids),
+            output_token_ids=self.output_ids,
+            text=self.stream.text,
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.num_prompt,
+            cached_tokens=self.cached_tokens,
+            ttft_s=ttft,
+            latency_s=latency,
+            error=self.error,
+        )

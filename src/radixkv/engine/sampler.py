@@ -1,0 +1,72 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request generator.
+
+Each non-greedy request draws from its own `torch.Generator` (seeded from `SamplingParams.seed`, or
+from the engine's seed stream when none is given), one draw per token, on CPU in float32. So a
+seeded request samples the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from radixkv.engine.types import SamplingParams
+
+
+def make_generator(seed: int) -> torch.Generator:
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return gen
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) everything outside the top-k, then outside the top-p nucleus. 1-D logits."""
+    vocab = logits.shape[0]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Keep the smallest set whose mass reaches top_p: drop a token when the mass before it
+        # already reaches top_p. The first token is always kept.
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop = mass_before >= top_p
+        drop[0] = False
+        masked = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(0, order, masked)
+    return logits
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+    """One token from 1-D float32 CPU logits."""
+    if params.greedy:
+        return int(torch.argmax(logits).item())
+    scaled = logits / params.temperature
+    scaled = _filter_top_k_top_p(scaled, params.top_k, params.top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """Next token for each row of `logits` ([R, vocab], any device/dtype)."""
+    if logits.shape[0] != len(params):
+        raise ValueError("one SamplingParams per logits row")
+    greedy = [p.greedy for p in params]
+    out: list[int] = [0] * len(params)
+    if any(greedy):
+        idx = [i for i, g in enumerate(greedy) if g]
+        argmax = torch.argmax(logits[idx].float(), dim=-1).tolist()
+        for i, tok in zip(idx, argmax, strict=True):
+            out[i] = int(tok)
+    if not all(greedy):
+        idx = [i for i, g in enumerate(greedy) if not g]
+        rows = logits[idx].float().cpu()
+        for j, i in enumerate(idx):
+            out[i] = sample_one(rows[j], params[i], generators[i])
+    return out

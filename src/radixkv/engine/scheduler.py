@@ -1,0 +1,215 @@
+"""Continuous-batching scheduler: which requests run this step, and how many tokens each.
+
+Step composition (mixed batches): every running request that is decoding contributes 1 token;
+requests still in prefill contribute chunks drawn from one budget of `chunked_prefill_size` new
+prompt tokens per step (oldest first), and new requests are admitted while budget, rows and memory
+remain. Decodes are not charged to the budget, so long prompts never stall running streams.
+
+Memory pressure: before a step, each decoding request gets a slot for its next token, evicting
+unlocked cached prefixes as needed; when even that cannot fit the batch, the newest running request
+is retracted to the front of the waiting queue (its computed pages go into the cache, so its
+readmission mostly hits). Admission keeps a small per-request decode reserve to avoid thrashing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radixkv.engine.kv_manager import KVManager
+from radixkv.engine.request import Request, Status
+from radixkv.engine.types import EngineConfig
+
+
+@dataclass
+class ScheduledBatch:
+    """Requests of one step, in batch order, with how many new tokens each extends by."""
+
+    reqs: list[Request] = field(default_factory=list)
+    extend_lens: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.reqs
+
+    def add(self, req: Request, n: int) -> None:
+        self.reqs.append(req)
+        self.extend_lens.append(n)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.extend_lens)
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class Scheduler:
+    decode_reserve_tokens = 32  # per running request, kept free at admission
+    lpm_scan_limit = 64  # waiting requests ranked per step under lpm
+    defer_min_gain = 16  # tokens a waiting request must gain to wait for an in-flight prefill
+
+    def __init__(self, config: EngineConfig, kv: KVManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.page_size = kv.page_size
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # ordered by admit_seq (oldest first)
+        self._admit_seq = 0
+        self.num_preemptions = 0
+        # Totals over first admissions (retraction readmits are not double counted).
+        self.prompt_tokens_total = 0
+        self.cached_prompt_tokens_total = 0
+
+    # -- queues --------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Drop a request from wherever it is, releasing what it holds."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self.kv.release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        self._grow_decodes()
+        batch = ScheduledBatch()
+        budget = self.config.chunked_prefill_size
+        for req in self.running:
+            if req.pending == 1:
+                batch.add(req, 1)
+            elif budget > 0:
+                n = min(req.pending, budget)
+                budget -= n
+                batch.add(req, n)
+        if budget > 0:
+            for req in self._admit(budget):
+                n = min(req.pending, budget)
+                budget -= n
+                batch.add(req, n)
+        return batch
+
+    def after_forward(self, batch: ScheduledBatch) -> None:
+        """Advance kv_len; hand finished prefill pages to the cache (moving the lock)."""
+        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
+            was_prefill = req.pending > 1
+            req.kv_len += n
+            if was_prefill:
+                self.kv.commit_prefix(req)
+
+    # -- memory pressure -----------------------------------------------------------------------
+    def _grow_decodes(self) -> None:
+        """Give each decoding request a slot for its next token; retract the newest when short."""
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or req.pending != 1:
+                continue
+            while not self.kv.grow(req, req.kv_len + 1):
+                victim = self.running[-1]
+                self.retract(victim)
+                if victim is req:
+                    break
+
+    def retract(self, req: Request) -> None:
+        """Preempt `req` back to the head of the waiting queue; its output so far is kept and its
+        context is recomputed (mostly from the cache) on readmission."""
+        self.running.remove(req)
+        self.kv.release(req)
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.insert(0, req)
+
+    # -- admission -----------------------------------------------------------------------------
+    def _waiting_order(self) -> list[Request]:
+        if self.config.schedule_policy != "lpm" or self.kv.cache is None:
+            return list(self.waiting)
+        head = self.waiting[: self.lpm_scan_limit]
+        cache = self.kv.cache
+        # Peek only (record=False): ranking must not count as hits nor refresh recency.
+        score = {
+            id(r): cache.match(r.tokens[: len(r.tokens) - 1], r.namespace, record=False).length
+            for r in head
+        }
+        ranked = sorted(head, key=lambda r: -score[id(r)])  # stable: ties keep arrival order
+        return ranked + self.waiting[self.lpm_scan_limit :]
+
+    def _should_defer(self, req: Request) -> bool:
+        """True when an in-flight prefill is computing a longer prefix of `req` than the cache
+        holds now: waiting a few steps turns that into a hit instead of computing it twice."""
+        cache = self.kv.cache
+        if cache is None:
+            return False
+        limit = len(req.tokens) - 1
+        inflight = [r for r in self.running if r.in_prefill and r.namespace == req.namespace]
+        if not inflight:
+            return False
+        have = cache.match(req.tokens[:limit], req.namespace, record=False).length
+        for other in inflight:
+            shared = _common_prefix(req.tokens, other.tokens, limit)
+            if shared // self.page_size * self.page_size - have >= max(
+                self.defer_min_gain, self.page_size
+            ):
+                return True
+        return False
+
+    def _reserve_pages(self, extra: Request | None, extra_len: int) -> int:
+        """Pages kept back for the next few decode tokens of running requests (and `extra`)."""
+        total = 0
+        alloc = self.kv.allocator
+        items = [(r, KVManager.capacity(r, self.page_size)) for r in self.running]
+        if extra is not None:
+            items.append((extra, alloc.pages_for(extra_len) * self.page_size))
+        for r, cap in items:
+            final = r.num_prompt + r.sampling.max_tokens
+            want = min(final, len(r.tokens) + self.decode_reserve_tokens)
+            total += max(0, alloc.pages_for(want) - cap // self.page_size)
+        return total
+
+    def _admit(self, budget: int) -> list[Request]:
+        admitted: list[Request] = []
+        for req in self._waiting_order():
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                break
+            if self._should_defer(req):
+                continue
+            if not self._try_admit(req):
+                break  # out of memory: do not let smaller requests starve this one
+            admitted.append(req)
+            budget -= min(req.pending, budget)
+        return admitted
+
+    def _try_admit(self, req: Request) -> bool:
+        kv = self.kv
+        prefix_len, prefix_slots = kv.match_and_lock(req)
+        need = kv.allocator.pages_for(len(req.tokens)) - prefix_len // self.page_size
+        reserve = self._reserve_pages(req, len(req.tokens)) if self.running else 0
+        pages = kv.alloc(need) if need + reserve <= kv.available_pages() else None
+        if pages is None:
+            kv.unlock(req)
+            return False
+        kv.bind(req, prefix_len, prefix_slots, pages)
+        self.waiting.remove(req)
+        req.status = Status.RUNNING
+        req.admit_seq = self._admit_seq
+        self._admit_seq += 1
+        self.running.append(req)
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.cached_tokens = prefix_len
+            self.prompt_tokens_total += req.num_prompt
+            self.cached_prompt_tokens_total += prefix_len
+        return True
