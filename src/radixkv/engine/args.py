@@ -1,0 +1,82 @@
+"""Command-line flags for engine settings (ecosystem-style names), shared by `radixkv serve`,
+`radixkv generate` and the benchmarks. Each flag maps 1:1 onto an EngineConfig field."""
+
+from __future__ import annotations
+
+import argparse
+
+from radixkv.engine.types import EngineConfig
+
+_D = EngineConfig()
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the engine flags to `parser` (in an "engine" argument group)."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="HF checkpoint dir (default: embedded SmolLM2)")
+    g.add_argument("--page-size", type=int, default=_D.page_size, help="tokens per KV page")
+    g.add_argument(
+        "--eviction-policy",
+        default=_D.eviction_policy,
+        choices=["lru", "lfu", "fifo", "mru", "priority"],
+        help="order in which unlocked cached prefixes are evicted",
+    )
+    g.add_argument(
+        "--schedule-policy",
+        default=_D.schedule_policy,
+        choices=["lpm", "fcfs"],
+        help="lpm: longest cached prefix first; fcfs: arrival order",
+    )
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=_D.chunked_prefill_size,
+        help="max new prompt tokens per step",
+    )
+    g.add_argument("--max-running-requests", type=int, default=_D.max_running_requests)
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=_D.max_queued_requests,
+        help="waiting-queue bound; past it new requests are refused (503)",
+    )
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
+    g.add_argument(
+        "--cache",
+        default=_D.cache,
+        choices=["radix", "blockhash"],
+        help="prefix-cache design (blockhash: the vLLM-style peer, for comparison)",
+    )
+    g.add_argument("--num-slots", type=int, default=None, help="KV pool size in tokens")
+    g.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        default=_D.kv_cache_bytes / 2**20,
+        help="KV pool budget in MiB (ignored when --num-slots is given)",
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="max prompt + output tokens")
+    g.add_argument("--device", default=_D.device, help="auto | cpu | cuda[:N]")
+    g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
+    g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
+    return parser
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the flags added by `add_engine_args` describe."""
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        page_size=args.page_size,
+        eviction_policy=args.eviction_policy,
+        schedule_policy=args.schedule_policy,
+        cache=args.cache,
+        disable_radix_cache=args.disable_radix_cache,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
+        num_slots=args.num_slots,
+        kv_cache_bytes=int(args.kv_cache_mb * 2**20),
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+    )
