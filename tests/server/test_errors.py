@@ -59,6 +59,7 @@ BAD_COMPLETIONS = [
     ({**OK, "prompt": [5, "x"]}, 400, "prompt"),
     ({**OK, "prompt": ""}, 400, "prompt"),
     ({**OK, "prompt": "x" * 100}, 400, "prompt"),  # longer than the context (64)
+    ({**OK, "prompt": "x" * 60, "max_tokens": 10}, 400, "max_tokens"),  # + output: too long
     ({**OK, "stop_token_ids": [999999]}, 400, "stop_token_ids"),
     ({"model": "fake-model", "max_tokens": 2}, 400, "prompt"),
     ({**OK, "model": "gpt-4"}, 404, "model"),
@@ -86,6 +87,7 @@ def test_too_long_is_context_length_exceeded(srv: LiveServer) -> None:
         ({**CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
         ({**CHAT, "max_tokens": 0}, 400, "max_tokens"),
         ({**CHAT, "model": "nope"}, 404, "model"),
+        ({**CHAT, "messages": [{"role": "user", "content": "x" * 80}]}, 400, "messages"),
     ],
 )
 def test_bad_chat_inputs(srv: LiveServer, body: Any, status: int, param: str) -> None:

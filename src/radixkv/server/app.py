@@ -47,6 +47,10 @@ class ServerState:
         self.engine = AsyncEngine(engine)
         self.tokenizer = engine.tokenizer
         self.vocab_size = int(engine.tokenizer.vocab_size)
+        # The resolved context length (the engine's, else the configured one; None = unknown).
+        self.max_model_len: int | None = (
+            getattr(engine, "max_model_len", None) or engine.config.max_model_len
+        )
         self.model_name = model_name
         self.api_key = api_key
         self.sessions = SessionTracker()
@@ -189,6 +193,16 @@ async def _generate(
     """Submit a tokenized request and answer it as JSON or as an SSE stream."""
     t0 = time.perf_counter()
     default_max = DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS
+    limit = state.max_model_len
+    if limit is not None:
+        if len(prompt_ids) >= limit:
+            raise APIError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {limit} "
+                "(prompt + output); shorten the prompt",
+                param="messages" if kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
     sampling = req.sampling(default_max)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
