@@ -266,6 +266,10 @@ class BlockHashCache:
     def reset_stats(self) -> None:
         self._stats = StatsLedger()
 
+    def cached_slots(self) -> SlotArray:
+        """Every slot the cache holds (for census checks: free + cached + held == pool)."""
+        return concat_slots([block.slots for block in self._blocks.values()])
+
     def reset(self) -> SlotArray:
         """Drop every block (references included) and return all their slots; stats survive."""
         parts = []

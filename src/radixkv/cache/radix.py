@@ -323,6 +323,10 @@ class RadixCache:
                 stack.extend(node.children.values())
         return out
 
+    def cached_slots(self) -> SlotArray:
+        """Every slot the tree holds (for census checks: free + cached + held == pool)."""
+        return concat_slots([node.slots for _, node in self.iter_nodes()])
+
     def reset(self) -> SlotArray:
         """Drop every node, locks included (their handles become stale) and return all the
         slots the tree held, for the caller to free. Statistics are cumulative and survive;
