@@ -1,0 +1,114 @@
+"""Shared pytest fixtures.
+
+`tiny_model_dir(arch="llama", **config_overrides) -> Path` (session-scoped factory)
+    A tiny, seeded, randomly initialised HF checkpoint saved with `save_pretrained` (safetensors),
+    for fast model/engine/server tests (~1 s to build once, then cached for the session; loading
+    it with `radixkv.model.load_model(path)` takes ~0.1 s). `arch` is one of "llama", "qwen2",
+    "qwen3", "mistral". Shape: hidden 64, 2 layers, 4 query heads, 2 KV heads (head_dim 16),
+    intermediate 128, vocab 49152, max positions 1024; Mistral has sliding_window=8 so short
+    sequences already run past the window. Keyword overrides go to the transformers config class
+    (e.g. `tie_word_embeddings=True`, `num_hidden_layers=3`, `rope_scaling={...}`).
+    The directory also holds a WORKING tokenizer: the default model's converted SmolLM2 tokenizer
+    (tokenizer.json, tokenizer_config.json with chat template, chat_template.jinja), so vocab ids
+    match (eos = <|im_end|> = 2); producing it converts the embedded default model once into
+    $RADIXKV_CACHE_DIR (default ~/.cache/radixkv/models).
+    Weights use initializer_range=0.2 so attention is peaked and masking mistakes show up in logits;
+    generated text from these models is gibberish by design.
+
+`default_model_dir() -> Path` (session-scoped)
+    The converted embedded default model (SmolLM2-135M-Instruct, float32 HF checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+TINY_ARCHS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+
+_TINY_BASE: dict[str, Any] = {
+    "vocab_size": 49152,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.2,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+
+def _config_class(arch: str) -> Any:
+    import transformers
+
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "mistral": transformers.MistralConfig,
+    }
+    if arch not in classes:
+        raise ValueError(f"unknown tiny arch {arch!r}; choose from {TINY_ARCHS}")
+    return classes[arch]
+
+
+def build_tiny_checkpoint(
+    out: Path, arch: str, tokenizer_dir: Path | None, seed: int = 0, **overrides: Any
+) -> Path:
+    """Write a seeded random tiny checkpoint (and the tokenizer files, if given) to `out`."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(_TINY_BASE)
+    if arch == "mistral":
+        kwargs["sliding_window"] = 8
+    kwargs.update(overrides)
+    config = _config_class(arch)(**kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = kwargs["eos_token_id"]
+    model.save_pretrained(out, safe_serialization=True)
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).exists():
+                shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    from radixkv.model import default_model_path
+
+    return Path(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(
+    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
+) -> Callable[..., Path]:
+    cache: dict[str, Path] = {}
+
+    def make(arch: str = "llama", **overrides: Any) -> Path:
+        key = json.dumps([arch, overrides], sort_keys=True, default=str)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            cache[key] = build_tiny_checkpoint(out, arch, default_model_dir, **overrides)
+        return cache[key]
+
+    return make
