@@ -1,0 +1,202 @@
+"""`radixkv bench compare`: one workload against our server in several configurations (and any
+already-running OpenAI-compatible server), one side-by-side table, JSON and plots.
+
+Each configuration gets a fresh `python -m radixkv serve` on a free loopback port (started, waited
+for on /health, stopped after its run), so no run inherits another's cache. Every run sees the
+same seeded workload (byte-identical prompts), the same warm-up and the same load shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from radixkv.bench.compare_table import markdown_table
+from radixkv.bench.serve import add_client_args, run_workload
+from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer
+from radixkv.bench.workload_cli import WORKLOADS, add_workload_args, build_workload, token_source
+
+DEFAULT_CONFIGS = ("off", "radix", "radix-lpm", "blockhash")
+BLOCKHASH_PAGE = 16  # the block size of the peer design (vLLM's default on GPU)
+
+
+def machine_info() -> dict[str, Any]:
+    """What this ran on, for reports: CPU model, cores, memory, OS, Python, torch."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib: float | None = None
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        mem_gib = round(pages * size / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def _resolve_model(model: str) -> tuple[str | None, str | None]:
+    """(--model to pass to the server or None for its default, dir holding tokenizer.json)."""
+    if model == "default":
+        from radixkv.model.default import default_model_path
+
+        return None, str(default_model_path())
+    return model, model if (Path(model) / "tokenizer.json").is_file() else None
+
+
+def _config_flags(name: str, server_args: list[str]) -> list[str]:
+    flags = list(CONFIGS[name])
+    if name == "blockhash":
+        flags += ["--page-size", str(BLOCKHASH_PAGE)]
+    return flags + server_args  # later flags win: --server-args can override any of the above
+
+
+def _cache_stats(url: str) -> dict[str, Any] | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/cache/stats", timeout=10) as r:
+            return dict(json.loads(r.read()))
+    except (OSError, ValueError):
+        return None
+
+
+def run_compare(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every configuration and extra server; the full result (JSON-ready)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    server_model, tok_dir = _resolve_model(args.model)
+    if args.tokenizer is None:
+        args.tokenizer = tok_dir
+    tokens = token_source(args)
+    workload = build_workload(args, tokens)
+    server_args = shlex.split(args.server_args or "")
+    runs: dict[str, dict[str, Any]] = {}
+    configs = [c for c in args.configs.split(",") if c]
+    for name in configs:
+        flags = _config_flags(name, server_args)
+        print(f"[{name}] starting server: {' '.join(flags)}", file=sys.stderr)
+        with LocalServer(
+            server_model, flags, out / f"server-{name}.log", args.startup_timeout
+        ) as srv:
+            res = run_workload(args, srv.url, None, workload, tokens)
+            res["cache_stats"] = _cache_stats(srv.url)
+            res["server"] = {"kind": "radixkv", "flags": flags, "startup_s": srv.startup_s}
+        runs[name] = res
+    for spec in args.extra or []:
+        name, _, url = spec.partition("=")
+        print(f"[{name}] running against {url}", file=sys.stderr)
+        res = run_workload(args, url, None, workload, tokens)
+        res["server"] = {"kind": "extra", "url": url}
+        runs[name] = res
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": getattr(args, "command_line", None) or shlex.join(["radixkv", *sys.argv[1:]]),
+        "model": args.model,
+        "machine": machine_info(),
+        "workload": workload.describe(),
+        "runs": runs,
+    }
+
+
+def write_outputs(result: dict[str, Any], out: Path, trace_plot: bool = True) -> dict[str, str]:
+    """Write compare.json, compare.md (the table) and the plots under `out`; their paths."""
+    from radixkv.bench.plots import trace_hit_vs_capacity, ttft_cdf
+
+    out.mkdir(parents=True, exist_ok=True)
+    runs = result["runs"]
+    files: dict[str, str] = {}
+    ttfts = {
+        n: [r["ttft_s"] for r in run["requests"] if r["ok"] and r["ttft_s"] is not None]
+        for n, run in runs.items()
+    }
+    wl = result["workload"]
+    title = f"TTFT CDF: {wl['name']}, {wl['num_requests']} requests"
+    files["ttft_cdf"] = str(ttft_cdf(ttfts, out / "ttft_cdf.png", title))
+    params = wl["params"]
+    if trace_plot and wl["name"] == "trace" and params.get("trace"):
+        rep = trace_hit_vs_capacity(
+            params["trace"],
+            max_requests=params.get("max_requests"),
+            max_sessions=params.get("max_sessions"),
+            path=out / "hit_vs_capacity.png",
+        )
+        result["trace_replay"] = rep
+        files["hit_vs_capacity"] = rep["plot"]
+    result["plots"] = files
+    table = markdown_table({n: r["summary"] for n, r in runs.items()})
+    (out / "compare.md").write_text(table + "\n")
+    (out / "compare.json").write_text(json.dumps(result, indent=1))
+    files["json"] = str(out / "compare.json")
+    files["table"] = str(out / "compare.md")
+    return files
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    result = run_compare(args)
+    files = write_outputs(result, Path(args.out))
+    wl = result["workload"]
+    print(f"\n{wl['name']}: {wl['num_requests']} requests, {wl['prompt_tokens']} prompt tokens")
+    print(markdown_table({n: r["summary"] for n, r in result["runs"].items()}))
+    for kind, path in files.items():
+        print(f"{kind}: {path}")
+    return 0 if all(r["summary"]["completed"] for r in result["runs"].values()) else 1
+
+
+def add_compare_args(
+    p: argparse.ArgumentParser, out_help: str = "directory for JSON, table and plots"
+) -> None:
+    p.add_argument("--model", default="default", help="HF checkpoint dir, or 'default'")
+    p.add_argument(
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help="comma list of: " + "; ".join(f"{k} = {v}" for k, v in CONFIG_HELP.items()),
+    )
+    p.add_argument(
+        "--extra",
+        action="append",
+        metavar="NAME=URL",
+        help="an already-running OpenAI-compatible server to add as a column (repeatable)",
+    )
+    p.add_argument("--server-args", default="", help="extra flags for every `radixkv serve`")
+    p.add_argument(
+        "--startup-timeout", type=float, default=600.0, help="seconds to wait for /health"
+    )
+    p.add_argument("--out", default="bench-out", help=out_help)
+    add_workload_args(p)
+    add_client_args(p)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        help="our server in several cache configurations (+ any other server), side by side",
+        description="Workloads: " + " | ".join(f"{k}: {v.help}" for k, v in WORKLOADS.items()),
+    )
+    add_compare_args(p)
+    p.set_defaults(func=_cmd_compare)

@@ -1,0 +1,129 @@
+"""Start and stop our own server (`python -m radixkv serve`) as a subprocess for benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+# Server flags of each named configuration of `bench compare` (on top of --model/--host/--port).
+CONFIGS: dict[str, tuple[str, ...]] = {
+    "off": ("--disable-radix-cache", "--schedule-policy", "fcfs"),
+    "radix": ("--eviction-policy", "lru", "--schedule-policy", "fcfs"),
+    "radix-lpm": ("--eviction-policy", "lru", "--schedule-policy", "lpm"),
+    "blockhash": ("--cache", "blockhash", "--schedule-policy", "fcfs"),
+}
+CONFIG_HELP = {
+    "off": "radix cache disabled (--disable-radix-cache), fcfs",
+    "radix": "radix cache, lru eviction, fcfs scheduling",
+    "radix-lpm": "radix cache, lru eviction, lpm (longest prefix first) scheduling",
+    "blockhash": "vLLM-style chained block-hash cache, fcfs",
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class LocalServer:
+    """`python -m radixkv serve` on a free loopback port; a context manager that waits for
+    /health on entry and always stops the process on exit (SIGTERM, then SIGKILL).
+
+    stdout/stderr go to `log_path` so a failed start can be diagnosed.
+    """
+
+    def __init__(
+        self,
+        model: str | None,
+        flags: tuple[str, ...] | list[str] = (),
+        log_path: str | Path | None = None,
+        startup_timeout: float = 600.0,
+    ) -> None:
+        self.model = model
+        self.flags = list(flags)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "radixkv", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port)]
+        if self.model:
+            cmd += ["--model", self.model]
+        return cmd + self.flags
+
+    def start(self) -> None:
+        out: int | IO[bytes] = subprocess.DEVNULL
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = self.log_path.open("wb")
+        t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ)
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()  # the child holds its own copy of the descriptor
+        deadline = t0 + self.startup_timeout
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; {self._log_tail()}")
+            if _healthy(self.url):
+                self.startup_s = time.perf_counter() - t0
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {self.startup_timeout:.0f} s")
+
+    def _log_tail(self) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return "no log"
+        return "log tail:\n" + self.log_path.read_text(errors="replace")[-2000:]
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
