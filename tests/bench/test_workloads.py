@@ -208,3 +208,13 @@ def test_text_mode_round_trips_through_the_tokenizer() -> None:
     w = wl.shared_prefix(src, num_groups=3, prompts_per_group=3, system_len=50, question_len=9)
     for r in w.requests:
         assert src.encode(src.to_text(r.prompt_ids)) == r.prompt_ids
+
+
+def test_trace_replay_truncates_to_max_prompt_len(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    _write_mooncake(path)
+    full = trace_workload(TOKENS, trace=str(path), length_scale=16)
+    cut = trace_workload(TOKENS, trace=str(path), length_scale=16, max_prompt_len=40)
+    for a, b in zip(full.requests, cut.requests, strict=True):
+        assert b.prompt_ids == a.prompt_ids[:40]
+    assert naive_hits([r.prompt_ids for r in cut.requests]) == [0, 40, 32, 0]

@@ -21,7 +21,12 @@ from typing import Any
 from radixkv.bench.compare_table import markdown_table
 from radixkv.bench.serve import add_client_args, run_workload
 from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer
-from radixkv.bench.workload_cli import WORKLOADS, add_workload_args, build_workload, token_source
+from radixkv.bench.workload_cli import (
+    add_workload_args,
+    build_workload,
+    token_source,
+    workloads_help,
+)
 
 DEFAULT_CONFIGS = ("off", "radix", "radix-lpm", "blockhash")
 BLOCKHASH_PAGE = 16  # the block size of the peer design (vLLM's default on GPU)
@@ -124,8 +129,13 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def write_outputs(result: dict[str, Any], out: Path, trace_plot: bool = True) -> dict[str, str]:
-    """Write compare.json, compare.md (the table) and the plots under `out`; their paths."""
+def write_outputs(
+    result: dict[str, Any], out: Path, trace_plot: bool = True, replay_requests: int | None = None
+) -> dict[str, str]:
+    """Write compare.json, compare.md (the table) and the plots under `out`; their paths.
+
+    For a trace workload, the hit-vs-capacity plot replays the trace offline (metadata only) over
+    its first `replay_requests` requests (default: the same slice the servers were sent)."""
     from radixkv.bench.plots import trace_hit_vs_capacity, ttft_cdf
 
     out.mkdir(parents=True, exist_ok=True)
@@ -142,7 +152,7 @@ def write_outputs(result: dict[str, Any], out: Path, trace_plot: bool = True) ->
     if trace_plot and wl["name"] == "trace" and params.get("trace"):
         rep = trace_hit_vs_capacity(
             params["trace"],
-            max_requests=params.get("max_requests"),
+            max_requests=replay_requests or params.get("max_requests"),
             max_sessions=params.get("max_sessions"),
             path=out / "hit_vs_capacity.png",
         )
@@ -159,7 +169,7 @@ def write_outputs(result: dict[str, Any], out: Path, trace_plot: bool = True) ->
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     result = run_compare(args)
-    files = write_outputs(result, Path(args.out))
+    files = write_outputs(result, Path(args.out), replay_requests=args.replay_requests)
     wl = result["workload"]
     print(f"\n{wl['name']}: {wl['num_requests']} requests, {wl['prompt_tokens']} prompt tokens")
     print(markdown_table({n: r["summary"] for n, r in result["runs"].items()}))
@@ -188,6 +198,12 @@ def add_compare_args(
         "--startup-timeout", type=float, default=600.0, help="seconds to wait for /health"
     )
     p.add_argument("--out", default="bench-out", help=out_help)
+    p.add_argument(
+        "--replay-requests",
+        type=int,
+        default=None,
+        help="trace: requests in the offline hit-vs-capacity replay (default: --max-requests)",
+    )
     add_workload_args(p)
     add_client_args(p)
 
@@ -196,7 +212,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare",
         help="our server in several cache configurations (+ any other server), side by side",
-        description="Workloads: " + " | ".join(f"{k}: {v.help}" for k, v in WORKLOADS.items()),
+        description=workloads_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_compare_args(p)
     p.set_defaults(func=_cmd_compare)

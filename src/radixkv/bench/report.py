@@ -19,6 +19,7 @@ from typing import Any
 from radixkv.bench.compare import add_compare_args, run_compare, write_outputs
 from radixkv.bench.compare_table import markdown_table
 from radixkv.bench.server_proc import CONFIG_HELP
+from radixkv.bench.workload_cli import workloads_help
 
 # CPU-sized defaults for the report's own run (shared-prefix: 8 groups × 4 prompts, 1024 + 64).
 REPORT_DEFAULTS: dict[str, Any] = dict(
@@ -135,7 +136,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         args.command_line = command
         args.out = str(Path(args.work_dir))
         result = run_compare(args)
-        write_outputs(result, Path(args.work_dir))
+        write_outputs(result, Path(args.work_dir), replay_requests=args.replay_requests)
         results = [result]
     render(results, md_path, command)
     print(f"wrote {md_path}")
@@ -146,6 +147,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "report",
         help="write docs/benchmarks.md from a compare run (or from compare JSON files)",
+        description=workloads_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_compare_args(p, out_help="the markdown file to write (plots go next to it)")
     p.set_defaults(**REPORT_DEFAULTS)

@@ -16,7 +16,12 @@ import numpy as np
 from radixkv.bench.client import ClientOptions, RunResult, run_requests
 from radixkv.bench.metrics import format_summary, summarize
 from radixkv.bench.tokens import TokenSource
-from radixkv.bench.workload_cli import WORKLOADS, add_workload_args, build_workload, token_source
+from radixkv.bench.workload_cli import (
+    add_workload_args,
+    build_workload,
+    token_source,
+    workloads_help,
+)
 from radixkv.bench.workloads import BenchRequest, Workload
 
 WARMUP_PROMPT_LEN = 32
@@ -169,7 +174,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
         help="benchmark any OpenAI-compatible server on a workload",
-        description="Workloads: " + " | ".join(f"{k}: {v.help}" for k, v in WORKLOADS.items()),
+        description=workloads_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root URL")
     p.add_argument("--model", default=None, help="served model name (default: first of /v1/models)")

@@ -71,15 +71,33 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         "replay a Mooncake jsonl / Claude Code trace (--trace) with arrival times x "
         "--time-scale and lengths / --length-scale, hash ids -> deterministic token blocks",
         _trace_builder,
-        ("trace", "time_scale", "length_scale", "max_requests", "max_sessions", "output_len"),
+        (
+            "trace",
+            "time_scale",
+            "length_scale",
+            "max_requests",
+            "max_sessions",
+            "max_prompt_len",
+            "output_len",
+        ),
     ),
 }
 
 
+def workloads_help() -> str:
+    """One line per workload, for a parser's description (use RawDescriptionHelpFormatter)."""
+    width = max(len(k) for k in WORKLOADS)
+    return "workloads:\n" + "\n".join(f"  {k.ljust(width)}  {v.help}" for k, v in WORKLOADS.items())
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """Add --workload and every workload flag (all optional, generator defaults otherwise)."""
-    lines = "; ".join(f"{k}: {v.help}" for k, v in WORKLOADS.items())
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="shared-prefix", help=lines)
+    p.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="shared-prefix",
+        help="which workload (one line each above)",
+    )
     g = p.add_argument_group("workload shape (default: the workload's own)")
     for flag, help_ in (
         ("--num-groups", "shared-prefix: groups G"),
@@ -99,6 +117,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         ("--output-len", "output tokens per request (trace: overrides the trace's)"),
         ("--max-requests", "trace: use the first N requests"),
         ("--max-sessions", "trace (Claude Code): load the first N sessions only"),
+        ("--max-prompt-len", "trace: truncate prompts to N tokens (after scaling)"),
     ):
         g.add_argument(flag, type=int, default=None, help=help_)
     g.add_argument("--no-shuffle", dest="shuffle", action="store_const", const=False, default=None)

@@ -5,6 +5,7 @@ Scaling for small machines: with `length_scale = k`, a trace block of `block_siz
 least 1), so the prefix structure (which requests share how many blocks) is kept exactly while the
 token counts shrink about k-fold. Outputs shrink the same way unless `output_len` fixes them.
 Arrival offsets are the trace's, relative to its first request, multiplied by `time_scale`.
+`max_prompt_len` truncates longer prompts (after scaling) to fit a model's context.
 
 Each block id maps to a deterministic run of tokens drawn from the token source's pool with a
 seeded 64-bit mix of (block id, position in block), so equal block ids give equal tokens and
@@ -51,6 +52,7 @@ def trace_workload(
     length_scale: int = 1,
     max_requests: int | None = None,
     max_sessions: int | None = None,
+    max_prompt_len: int | None = None,
     output_len: int | None = None,
     seed: int = 0,
 ) -> Workload:
@@ -75,6 +77,8 @@ def trace_workload(
         full, rest = divmod(tr.input_length, tr.block_size)
         length = full * block_len + math.ceil(rest * block_len / tr.block_size)
         length = max(1, min(length, len(ids) * block_len))
+        if max_prompt_len is not None:  # keeps the leading blocks, so the prefix structure
+            length = min(length, max_prompt_len)
         out = output_len if output_len is not None else max(1, -(-tr.output_length // length_scale))
         reqs.append(
             BenchRequest(
@@ -91,6 +95,7 @@ def trace_workload(
         length_scale=length_scale,
         max_requests=max_requests,
         max_sessions=max_sessions,
+        max_prompt_len=max_prompt_len,
         output_len=output_len,
         block_size=loaded[0].block_size if loaded else 0,
     )
