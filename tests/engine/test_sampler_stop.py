@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import torch
+
+from radixkv.engine.sampler import make_generator, sample, sample_one
+from radixkv.engine.stop import TextStream
+from radixkv.engine.types import SamplingParams
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
+    gen = make_generator(0)
+    k2 = SamplingParams(temperature=5.0, top_k=2)
+    assert {sample_one(logits, k2, gen) for _ in range(300)} == {0, 1}
+    # softmax: p0 ≈ 0.64, p1 ≈ 0.23: the nucleus of 0.8 is {0, 1}; of 0.5 is {0}.
+    p8 = SamplingParams(temperature=1.0, top_p=0.8)
+    assert {sample_one(logits, p8, gen) for _ in range(300)} == {0, 1}
+    p5 = SamplingParams(temperature=1.0, top_p=0.5)
+    assert {sample_one(logits, p5, gen) for _ in range(50)} == {0}
+    hot = SamplingParams(temperature=50.0)
+    assert len({sample_one(logits, hot, gen) for _ in range(400)}) == 6
+
+
+def test_batch_sample_mixes_greedy_and_seeded_rows() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0), SamplingParams(seed=5), SamplingParams(top_k=1)]
+    a = sample(logits, params, [None, make_generator(5), None])
+    b = sample(logits, params, [None, make_generator(5), None])
+    assert a == b
+    assert a[0] == int(logits[0].argmax()) and a[2] == int(logits[2].argmax())
+
+
+class _Chars:
+    def __init__(self, pieces: dict[int, str]) -> None:
+        self.pieces = pieces
+
+    def push(self, token_id: int) -> str:
+        return self.pieces[token_id]
+
+    def flush(self) -> str:
+        return ""
+
+
+def test_text_stream_stop_across_token_boundaries() -> None:
+    pieces = {0: "he", 1: "llo ", 2: "wo", 3: "rld", 4: "!"}
+    ts = TextStream(_Chars(pieces), stop=("o w", "xyz"))
+    assert not ts.push(0) and ts.take(False) == "he"
+    assert not ts.push(1)
+    assert ts.take(False) == "ll"  # "o " could start "o w": held back
+    assert ts.push(2) and ts.stopped
+    assert ts.text == "hell" and ts.take(True) == ""
+
+
+def test_text_stream_hold_back_released_when_no_match() -> None:
+    ts = TextStream(_Chars({0: "ab", 1: "c", 2: "d"}), stop=("bce",))
+    ts.push(0)
+    assert ts.take(False) == "a"  # "b" may start "bce"
+    ts.push(1)
+    assert ts.take(False) == ""  # "bc" still may
+    ts.push(2)
+    assert ts.take(False) == "bcd"
+    assert ts.take(True) == "" and ts.text == "abcd"
