@@ -103,6 +103,10 @@ def test_hand_built_lru_replay() -> None:
     assert res.input_tokens == 8 + 8 + 8 + 12 + 8 + 8 and res.requests == 6
     assert res.final_size == 12 and res.peak_size == 16
     assert res.token_hit_rate == pytest.approx(20 / 52)
+    # The cache's own accounting agrees with the replay's.
+    st = res.cache_stats
+    assert (st["matched_tokens"], st["requested_tokens"]) == (20, 52)
+    assert (st["evicted_tokens"], st["match_calls"], st["insert_calls"]) == (20, 6, 6)
 
 
 def nested_workload(seed: int, sessions: int = 6, turns: int = 8) -> list[TraceRequest]:
@@ -171,7 +175,10 @@ def test_replay_command_writes_table_json_and_plot(
     ]
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
+    sub = parser.add_subparsers()
+    register(sub)
+    helptext = " ".join(sub.choices["replay"].format_help().split())
+    assert "512 Mooncake, 64 Claude Code" in helptext and "sequential" in helptext
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     argv = ["replay", str(trace), "--capacity-tokens", "1024", "4k", "--policy", "lru", "fifo"]
     args = parser.parse_args(

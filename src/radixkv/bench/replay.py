@@ -50,6 +50,7 @@ class ReplayResult:
     final_size: int = 0
     peak_size: int = 0
     wall_s: float = 0.0
+    cache_stats: dict[str, int] = field(default_factory=dict)  # the cache's own accounting
 
     @property
     def token_hit_rate(self) -> float:
@@ -116,6 +117,7 @@ def replay(
             cache.check_integrity()
     res.requests = len(requests)
     res.final_size = cache.total_size
+    res.cache_stats = {k: int(v) for k, v in asdict(cache.stats()).items()}
     res.wall_s = time.perf_counter() - start
     return res
 
@@ -249,32 +251,60 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=parse_tokens,
         metavar="N",
         help="cache capacities in tokens (suffix k/M/G ok); default: "
-        + ", ".join(f"{f:.0%}" for f in DEFAULT_CAPACITY_FRACTIONS)
+        + ", ".join(f"{100 * f:g}%%" for f in DEFAULT_CAPACITY_FRACTIONS)
         + " of the ideal footprint",
     )
-    p.add_argument("--policy", nargs="+", choices=POLICIES, default=list(DEFAULT_POLICIES))
-    p.add_argument("--cache", choices=("radix", "blockhash"), default="radix")
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        choices=POLICIES,
+        default=list(DEFAULT_POLICIES),
+        metavar="POLICY",
+        help=f"eviction policies, of {', '.join(POLICIES)}; default: %(default)s",
+    )
+    p.add_argument(
+        "--cache", choices=("radix", "blockhash"), default="radix", help="default: %(default)s"
+    )
     p.add_argument(
         "--page-size",
         type=int,
+        metavar="P",
         help="cache page size; default: the trace's block size (512 Mooncake, 64 Claude Code)",
     )
-    p.add_argument("--limit", type=int, help="replay only the first N requests of each trace")
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="replay only the first N requests of each trace"
+    )
     p.add_argument(
         "--session-gap",
-        default=str(DEFAULT_SESSION_GAP_S),
-        help="Claude Code: seconds between session starts (sessions sorted by id), or "
-        "'sequential' (each session starts when the previous one ends); default %(default)s",
+        type=_session_gap,
+        default=DEFAULT_SESSION_GAP_S,
+        metavar="S|sequential",
+        help="Claude Code: session k (sessions sorted by id) starts at k*S seconds, or with "
+        "'sequential' when session k-1's last request arrives; default %(default)s",
     )
-    p.add_argument("--max-sessions", type=int, help="Claude Code: keep the first N sessions")
-    p.add_argument("--json", type=Path, help="write all results as JSON here")
-    p.add_argument("--plot", type=Path, help="draw hit rate vs capacity per policy (PNG)")
+    p.add_argument(
+        "--max-sessions", type=int, metavar="N", help="Claude Code: keep the first N sessions"
+    )
+    p.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON here")
+    p.add_argument(
+        "--plot", type=Path, metavar="PATH.png", help="draw hit rate vs capacity per policy"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)
 
 
+def _session_gap(text: str) -> float | None:
+    if text == "sequential":
+        return None
+    gap = float(text)
+    if gap < 0:
+        raise argparse.ArgumentTypeError("session gap must be >= 0 or 'sequential'")
+    return gap
+
+
 def run(args: argparse.Namespace) -> int:
-    gap = None if args.session_gap == "sequential" else float(args.session_gap)
+    """`radixkv replay`: load each trace, run the grid, print tables, then JSON and plot."""
+    gap = args.session_gap
     reports: list[TraceReport] = []
     for path in args.traces:
         t0 = time.perf_counter()
