@@ -1,0 +1,161 @@
+"""Contract details of both cache designs: pages, splits, namespaces, inputs, errors, stats."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from radixkv.cache import BlockHashCache, RadixCache
+
+BOTH = [RadixCache, BlockHashCache]
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_page_floor_on_insert_and_match(cls: Any) -> None:
+    cache = cls(page_size=4)
+    toks = list(range(10))
+    assert cache.insert(toks, np.arange(100, 110)) == 0
+    assert cache.total_size == 8  # the partial page stays the caller's
+    res = cache.match(toks)
+    assert res.length == 8 and res.slots.tolist() == list(range(100, 108))
+    assert cache.match(toks[:7]).length == 4
+    assert cache.match(toks[:3]).length == 0
+    assert cache.insert(toks[:9], np.arange(200, 209)) == 8
+    assert cache.total_size == 8
+    cache.check_integrity()
+
+
+def test_match_inside_an_edge_splits_so_the_handle_covers_exactly_the_prefix() -> None:
+    cache = RadixCache(page_size=2)
+    cache.insert(list(range(12)), np.arange(12))
+    res = cache.match([0, 1, 2, 3, 4, 99])
+    assert res.length == 4  # floored to whole pages
+    cache.lock(res.handle)
+    assert cache.protected_size == 4 and cache.evictable_size == 8
+    cache.check_integrity()
+    assert sorted(cache.evict(100).tolist()) == list(range(4, 12))
+    cache.unlock(res.handle)
+    assert cache.evictable_size == 4
+    cache.check_integrity()
+
+
+def test_split_parent_inherits_lock() -> None:
+    cache = RadixCache()
+    cache.insert([1, 2, 3, 4], np.arange(4))
+    deep = cache.match([1, 2, 3, 4]).handle
+    cache.lock(deep)
+    cache.match([1, 2, 9])  # splits the locked edge after 2 tokens
+    cache.check_integrity()
+    assert cache.protected_size == 4
+    cache.unlock(deep)
+    assert cache.protected_size == 0 and cache.evictable_size == 4
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_namespaces_never_share(cls: Any) -> None:
+    cache = cls(page_size=2)
+    toks = [5, 6, 7, 8]
+    cache.insert(toks, [0, 1, 2, 3], namespace="adapter-a")
+    assert cache.match(toks).length == 0
+    assert cache.match(toks, namespace="adapter-b").length == 0
+    assert cache.insert(toks, [10, 11, 12, 13]) == 0  # None is a namespace too
+    assert cache.match(toks).slots.tolist() == [10, 11, 12, 13]
+    assert cache.match(toks, namespace="adapter-a").slots.tolist() == [0, 1, 2, 3]
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_input_types_agree(cls: Any) -> None:
+    cache = cls(page_size=1)
+    toks = [3, 1, 4, 1, 5, 9, 2, 6]
+    cache.insert(np.array(toks, dtype=np.int32), np.arange(8, dtype=np.int32))
+    for query in (toks, tuple(toks), np.array(toks, dtype=np.int64), np.array(toks)[::1]):
+        res = cache.match(query)
+        assert res.length == 8 and res.slots.dtype == np.int64
+    assert cache.match(np.array(toks[::-1])[::-1]).length == 8  # non-contiguous view
+    assert cache.match([3, 1, 4, 2**40]).length == 3  # large ids are fine
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_errors(cls: Any) -> None:
+    cache = cls(page_size=1)
+    with pytest.raises(ValueError, match="len"):
+        cache.insert([1, 2, 3], [0, 1])
+    with pytest.raises(TypeError):
+        cache.insert([1, 2.5], [0, 1])
+    with pytest.raises(ValueError):
+        cache.match(np.zeros((2, 2), dtype=np.int64))
+    cache.insert([1, 2], [0, 1])
+    res = cache.match([1, 2])
+    with pytest.raises(ValueError):
+        cache.unlock(res.handle)
+    cache.lock(res.handle)
+    cache.unlock(res.handle)
+    with pytest.raises(ValueError):
+        cache.unlock(res.handle)
+    cache.lock(None)  # an empty match has no handle; locking it is a no-op
+    cache.unlock(None)
+    with pytest.raises(ValueError):
+        cls(page_size=0)
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_slots_returned_are_copies(cls: Any) -> None:
+    cache = cls(page_size=1)
+    slots = np.arange(4)
+    cache.insert([1, 2, 3, 4], slots)
+    slots[:] = -1  # the caller reuses its buffer
+    res = cache.match([1, 2, 3, 4])
+    assert res.slots.tolist() == [0, 1, 2, 3]
+    with contextlib.suppress(ValueError):
+        res.slots[0] = 7  # read-only, or a fresh copy when several nodes contribute
+    assert cache.match([1, 2, 3, 4]).slots.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_stats_and_reset(cls: Any) -> None:
+    cache = cls(page_size=2)
+    cache.insert([1, 2, 3, 4], [0, 1, 2, 3])
+    cache.match([1, 2, 3, 4, 5, 6])
+    cache.match([9, 9])
+    cache.match([1, 2], record=False)
+    st = cache.stats()
+    assert (st.matched_tokens, st.requested_tokens, st.match_calls) == (4, 8, 2)
+    assert (st.inserted_tokens, st.insert_calls) == (4, 1)
+    assert st.hit_rate == 0.5
+    h = cache.match([1, 2]).handle
+    cache.lock(h)
+    assert sorted(cache.reset().tolist()) == [0, 1, 2, 3]
+    assert cache.total_size == cache.protected_size == 0
+    with pytest.raises(ValueError):
+        cache.unlock(h)
+    assert cache.match([1, 2]).length == 0
+    cache.check_integrity()
+    cache.reset_stats()
+    assert cache.stats().match_calls == 0
+
+
+def test_check_integrity_detects_corruption() -> None:
+    cache = RadixCache()
+    cache.insert([1, 2, 3], [0, 1, 2])
+    cache.insert([1, 2, 4], [5, 6, 7])
+    cache._evictable += 1
+    with pytest.raises(AssertionError, match="sizes"):
+        cache.check_integrity()
+    cache._evictable -= 1
+    leaf = cache.match([1, 2, 4]).handle
+    leaf.slots = np.array([1])
+    with pytest.raises(AssertionError, match="slots held twice"):
+        cache.check_integrity()
+
+
+def test_import_does_not_pull_torch() -> None:
+    code = "import sys, radixkv.cache, radixkv.cache.radix; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,167 @@
+"""Eviction order per policy on hand-built trees, for both cache designs where they apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from radixkv.cache import BlockHashCache, RadixCache, available_policies, make_cache
+
+TRUNK = list(range(1000, 1016))  # a shared system prompt ("refund policy ...")
+
+
+def seq(first: int, n: int = 4) -> list[int]:
+    return [first + i for i in range(n)]
+
+
+def slots_for(toks: list[int], base: int) -> np.ndarray:
+    return np.arange(base, base + len(toks), dtype=np.int64)
+
+
+def evict_order(cache: Any, slot_owner: dict[int, str]) -> list[str]:
+    """Evict one leaf at a time; name each by the owner of its first slot."""
+    order = []
+    while cache.evictable_size:
+        out = cache.evict(1)
+        order.append(slot_owner[int(out[0])])
+    return order
+
+
+def build_three(cache: Any) -> dict[int, str]:
+    """Three unrelated 4-token sequences X, Y, Z inserted in that order."""
+    owner = {}
+    for name, first, base in (("X", 10, 100), ("Y", 20, 200), ("Z", 30, 300)):
+        cache.insert(seq(first), slots_for(seq(first), base))
+        owner[base] = name
+    return owner
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("lru", ["Y", "Z", "X"]),  # X was matched last
+        ("mru", ["X", "Z", "Y"]),
+        ("fifo", ["X", "Y", "Z"]),  # insertion order, use ignored
+    ],
+)
+def test_recency_policies(policy: str, expected: list[str]) -> None:
+    cache = RadixCache(policy=policy)
+    owner = build_three(cache)
+    assert cache.match(seq(10)).length == 4
+    assert evict_order(cache, owner) == expected
+    cache.check_integrity()
+
+
+def test_lfu_counts_hits_then_recency() -> None:
+    cache = RadixCache(policy="lfu")
+    owner = build_three(cache)
+    for _ in range(2):
+        cache.match(seq(20))
+    cache.match(seq(10))
+    cache.match(seq(30))  # X and Z tie on hits; X is less recent
+    assert evict_order(cache, owner) == ["X", "Z", "Y"]
+
+
+def test_priority_lowest_first_ties_by_recency() -> None:
+    cache = RadixCache(policy="priority")
+    owner = {}
+    for name, first, base, prio in (("X", 10, 100, 2), ("Y", 20, 200, 0), ("Z", 30, 300, 0)):
+        cache.insert(seq(first), slots_for(seq(first), base), priority=prio)
+        owner[base] = name
+    cache.match(seq(20))  # Y and Z tie on priority; Z is now less recent
+    assert evict_order(cache, owner) == ["Z", "Y", "X"]
+
+
+def test_priority_is_never_lowered_by_a_later_insert() -> None:
+    cache = RadixCache(policy="priority")
+    cache.insert(seq(10), slots_for(seq(10), 100), priority=5)
+    cache.insert(seq(20), slots_for(seq(20), 200), priority=1)
+    cache.insert(seq(10), slots_for(seq(10), 900), priority=0)  # same prefix, lower priority
+    assert cache.evict(1).tolist() == [200, 201, 202, 203]
+
+
+def test_peek_does_not_change_order_or_stats() -> None:
+    cache = RadixCache(policy="lru")
+    owner = build_three(cache)
+    before = cache.stats()
+    assert cache.match(seq(10), record=False).length == 4
+    assert cache.stats() == before
+    assert evict_order(cache, owner) == ["X", "Y", "Z"]
+
+
+@pytest.mark.parametrize("policy", available_policies())
+@pytest.mark.parametrize("page", [1, 4, 16])
+def test_trunk_survives_while_a_child_exists(policy: str, page: int) -> None:
+    cache = RadixCache(page_size=page, policy=policy)
+    a, b = [*TRUNK, *seq(1, 16)], [*TRUNK, *seq(50, 16)]
+    cache.insert(a, slots_for(a, 0))
+    cache.insert(b, slots_for(b, 100))
+    cache.match(TRUNK)  # the trunk alone is now the most recent / most hit
+    first = cache.evict(1)
+    assert len(first) == 16 and first[0] not in range(16)  # a child, never the trunk
+    cache.check_integrity()
+    second = cache.evict(1)
+    assert len(second) == 16 and second[0] not in range(16)
+    assert cache.evict(1).tolist() == list(range(16))  # the trunk goes only after both
+    assert cache.total_size == 0
+
+
+@pytest.mark.parametrize("policy", available_policies())
+def test_locked_path_is_never_evicted(policy: str) -> None:
+    cache = RadixCache(page_size=4, policy=policy)
+    a, b = [*TRUNK, *seq(1, 8)], [*TRUNK, *seq(50, 8)]
+    cache.insert(a, slots_for(a, 0))
+    cache.insert(b, slots_for(b, 100))
+    handle = cache.match([*a, 99]).handle
+    cache.lock(handle)
+    cache.lock(handle)
+    assert cache.protected_size == len(a)
+    freed = cache.evict(10_000)
+    assert sorted(freed.tolist()) == list(range(116, 124))  # only b's own tail
+    assert cache.total_size == len(a) and cache.evictable_size == 0
+    cache.unlock(handle)
+    assert cache.evict(10_000).size == 0  # still locked once
+    cache.unlock(handle)
+    assert sorted(cache.evict(10_000).tolist()) == list(range(24))
+    with pytest.raises(ValueError):
+        cache.lock(handle)  # evicted: the handle is stale
+
+
+def test_evict_stops_once_enough_is_freed() -> None:
+    cache = RadixCache()
+    build_three(cache)
+    assert len(cache.evict(5)) == 8  # two whole leaves of 4; not the third
+    assert cache.total_size == 4
+    assert len(cache.evict(0)) == 0
+
+
+def test_blockhash_lru_and_locks() -> None:
+    cache = BlockHashCache(page_size=4)
+    owner = build_three(cache)
+    cache.match(seq(10))
+    assert evict_order(cache, owner) == ["Y", "Z", "X"]
+    a = [*TRUNK, *seq(1, 8)]
+    cache.insert(a, slots_for(a, 0))
+    res = cache.match(a[:20])
+    cache.lock(res.handle)
+    assert cache.protected_size == 20
+    assert sorted(cache.evict(100).tolist()) == list(range(20, 24))  # deepest unlocked block
+    cache.unlock(res.handle)
+    assert [int(s) for s in cache.evict(4)] == list(range(16, 20))  # leaves go first
+    cache.check_integrity()
+
+
+def test_blockhash_rejects_other_policies() -> None:
+    with pytest.raises(ValueError, match="lru"):
+        BlockHashCache(policy="lfu")
+
+
+def test_factory_and_unknown_names() -> None:
+    assert isinstance(make_cache("radix", 4, "fifo"), RadixCache)
+    assert isinstance(make_cache("blockhash", 16, "lru"), BlockHashCache)
+    with pytest.raises(ValueError):
+        make_cache("trie", 1, "lru")
+    with pytest.raises(ValueError):
+        RadixCache(policy="random")
