@@ -7,6 +7,7 @@ an OpenAI-style 4xx body, never FastAPI's 422.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import logging
@@ -243,7 +244,9 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         req = parse_body(CompletionRequest, await request.body())
         state.check_model(req.model)
         req.check(state.vocab_size)
-        return await _generate(state, request, "completion", req, _completion_prompt(state, req))
+        # Tokenizing a long prompt takes milliseconds: keep it off the event loop.
+        ids = await asyncio.to_thread(_completion_prompt, state, req)
+        return await _generate(state, request, "completion", req, ids)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -252,8 +255,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         req.check(state.vocab_size)
         try:
             ids = list(
-                state.tokenizer.apply_chat_template(
-                    req.template_messages(), add_generation_prompt=True
+                await asyncio.to_thread(
+                    state.tokenizer.apply_chat_template, req.template_messages(), True
                 )
             )
         except Exception as exc:  # template errors (e.g. role order) are the caller's input

@@ -103,8 +103,8 @@ def build_engine(args: argparse.Namespace) -> Any:
         cfg.schedule_policy,
         cfg.chunked_prefill_size,
         cfg.max_running_requests,
-        cfg.device,
-        cfg.dtype,
+        getattr(engine, "device", cfg.device),
+        str(getattr(getattr(engine, "lm", None), "dtype", cfg.dtype)).removeprefix("torch."),
     )
     return engine
 
@@ -139,7 +139,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.port,
         "Bearer key required" if args.api_key else "none",
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # Bounded graceful shutdown: open streams are cut (and aborted) after 5 s.
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
     return 0
 
 
@@ -217,6 +220,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     _, final, ttft = run_one(engine, ids, sampling, _emit(sys.stdout))
     sys.stdout.write("\n")
+    sys.stdout.flush()
     print(_stats_line(final, ttft, time.perf_counter() - t0), file=sys.stderr)
     return 0
 
