@@ -1,0 +1,159 @@
+"""Micro-benchmarks of the model layer (no engine): `python -m radixkv.model.microbench`.
+
+1. Attention kernels on CPU: torch SDPA vs gather + matmul/softmax (our TorchAttention), for a
+   causal prefill of one request and a batched one-query decode, in float32 and bfloat16, with the
+   default model's head layout (9 query heads, 3 KV heads, head_dim 64). Both variants read K/V
+   from a pool by slot index, so the gather cost is included in both.
+2. The default model end to end: prefill tokens/s and single-request decode tokens/s.
+Times are the best of several runs (on a shared machine the minimum is the least disturbed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+
+from radixkv.engine.batch import ForwardBatch
+from radixkv.memory.pool import KVPool
+from radixkv.model.attention import TorchAttention
+from radixkv.model.loader import LoadedModel, load_model
+from radixkv.model.simple import single_batch
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+
+
+def _best_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Best-of-`repeats` time in ms: on a shared machine the minimum is the least disturbed."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * min(times)
+
+
+def _batch(lens: list[int], extend: list[int], slots: torch.Tensor) -> ForwardBatch:
+    ctx, outs, pos, off = [], [], [], 0
+    for s, e in zip(lens, extend, strict=True):
+        ctx.append(slots[off : off + s])
+        outs.append(slots[off + s - e : off + s])
+        pos.append(torch.arange(s - e, s))
+        off += s
+    return ForwardBatch(
+        input_ids=torch.zeros(sum(extend), dtype=torch.int64),
+        positions=torch.cat(pos),
+        out_slots=torch.cat(outs),
+        extend_lens=tuple(extend),
+        seq_lens=tuple(lens),
+        context_slots=tuple(ctx),
+    )
+
+
+def _attention_case(
+    attn: TorchAttention, batch: ForwardBatch, k_cache: torch.Tensor, repeats: int
+) -> float:
+    q = torch.randn(batch.num_tokens, HEADS, HEAD_DIM).to(k_cache.dtype)
+    meta = attn.prepare(batch, torch.device("cpu"))
+    return _best_ms(lambda: attn.attend(q, k_cache, k_cache, meta, None, HEAD_DIM**-0.5), repeats)
+
+
+def attention_bench(prefill_len: int, decode_batch: int, decode_ctx: int, repeats: int) -> dict:
+    """ms per layer call of each kernel: one causal prefill, and a batched one-query decode."""
+    results: dict[str, dict[str, float]] = {}
+    kernels = {name: TorchAttention(name) for name in ("matmul", "sdpa")}
+    for dtype in (torch.float32, torch.bfloat16):
+        total = max(prefill_len, decode_batch * decode_ctx)
+        k_cache = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
+        slots = torch.randperm(total)
+        cases = {
+            "prefill": _batch([prefill_len], [prefill_len], slots),
+            "decode": _batch([decode_ctx] * decode_batch, [1] * decode_batch, slots),
+        }
+        results[str(dtype).removeprefix("torch.")] = {
+            f"{case}_{name}_ms": _attention_case(attn, batch, k_cache, repeats)
+            for case, batch in cases.items()
+            for name, attn in kernels.items()
+        }
+    return results
+
+
+def _model_rates(
+    lm: LoadedModel, prompt_len: int, decode_steps: int, decode_batch: int, repeats: int
+) -> dict[str, float]:
+    """Prefill of one prompt; decode of one request, and of `decode_batch` requests together."""
+    total = prompt_len + decode_steps
+    pool = KVPool(lm.config.pool_config(total * decode_batch, dtype=lm.dtype))
+    ids = torch.randint(3, lm.config.vocab_size, (total,)).tolist()
+    slots = torch.arange(total)
+    prefill_ms = _best_ms(lambda: lm.model(single_batch(ids[:prompt_len], 0, slots), pool), repeats)
+
+    def decode() -> None:
+        for p in range(prompt_len, total):
+            lm.model(single_batch([ids[p]], p, slots), pool)
+
+    decode_ms = _best_ms(decode, max(1, repeats // 2), warmup=1)
+    per_req = [torch.arange(r * total, (r + 1) * total) for r in range(decode_batch)]
+    for r in range(decode_batch):  # fill every request's context once
+        lm.model(single_batch(ids[:prompt_len], 0, per_req[r]), pool)
+
+    def batched_decode() -> None:
+        for p in range(prompt_len, total):
+            lens = [p + 1] * decode_batch
+            lm.model(
+                _batch(lens, [1] * decode_batch, torch.cat([s[: p + 1] for s in per_req])), pool
+            )
+
+    batched_ms = _best_ms(batched_decode, max(1, repeats // 2), warmup=1)
+    return {
+        "prefill_tokens_per_s": prompt_len / (prefill_ms / 1000),
+        "decode_tokens_per_s": decode_steps / (decode_ms / 1000),
+        f"decode_batch{decode_batch}_tokens_per_s": decode_batch
+        * decode_steps
+        / (batched_ms / 1000),
+        "prefill_ms": prefill_ms,
+        "decode_ms_per_step": decode_ms / decode_steps,
+    }
+
+
+def model_bench(prompt_len: int, decode_steps: int, decode_batch: int, repeats: int) -> dict:
+    return {
+        str(dtype).removeprefix("torch."): _model_rates(
+            load_model(None, dtype=dtype), prompt_len, decode_steps, decode_batch, repeats
+        )
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--decode-batch", type=int, default=8)
+    parser.add_argument("--decode-ctx", type=int, default=1024)
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--skip-model", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = {
+        "threads": torch.get_num_threads(),
+        "attention": attention_bench(
+            args.prefill_len, args.decode_batch, args.decode_ctx, args.repeats
+        ),
+    }
+    if not args.skip_model:
+        out["model"] = model_bench(
+            args.prefill_len, args.decode_steps, args.decode_batch, max(3, args.repeats // 2)
+        )
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
