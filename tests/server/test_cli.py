@@ -52,6 +52,15 @@ def test_generate_streams_to_stdout(model_dir: Path, capsys: pytest.CaptureFixtu
     assert re.search(r"\[prompt \d+ tokens, cached 0 \(0%\), generated 4,", captured.err)
 
 
+def test_demo_shows_cache_hits(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--model", str(model_dir), "--max-tokens", "3", *SMALL]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"prompt (\d+) tokens, (\d+) served from the radix cache", out)
+    cached = [int(c) for _, c in found]
+    assert len(cached) == 3 and cached[0] == 0 and min(cached[1:]) > 100
+    assert "Token hit rate so far:" in out
+
+
 def test_serve_flags_parse() -> None:
     args = build_parser().parse_args(
         ["serve", "--port", "9001", "--api-key", "k", "--page-size", "16", "--disable-radix-cache"]

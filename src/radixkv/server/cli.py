@@ -49,6 +49,10 @@ def register(subparsers: Any) -> None:
     _add_sampling_args(chat, default_max_tokens=256)
     chat.set_defaults(func=cmd_chat)
 
+    from radixkv.server.demo import register_demo
+
+    register_demo(subparsers, _add_model_args)
+
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     from radixkv.engine.args import add_engine_args
@@ -116,10 +120,11 @@ def model_name_for(args: argparse.Namespace) -> str:
     return Path(model).resolve().name if model else DEFAULT_MODEL_NAME
 
 
-def _setup_logging(level: str = "info") -> None:
+def setup_logging(level: str = "info") -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -127,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from radixkv.server.app import create_app
 
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level)
     engine = build_engine(args)
     name = model_name_for(args)
     app = create_app(engine, name, api_key=args.api_key)
@@ -207,7 +212,7 @@ def _emit(out: TextIO) -> Callable[[str], None]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    _setup_logging("warning")
+    setup_logging("warning")
     sampling = _sampling(args)
     engine = build_engine(args)
     tok = engine.tokenizer
@@ -228,7 +233,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     """Multi-turn chat on the model's template; each turn re-sends the whole conversation, so
     everything up to the last answer is served from the radix cache (shown per turn)."""
-    _setup_logging("warning")
+    setup_logging("warning")
     sampling = _sampling(args)
     engine = build_engine(args)
     tok = engine.tokenizer

@@ -1,0 +1,126 @@
+"""HTTP plumbing around the routes: Bearer auth and request counting (one pure ASGI middleware,
+safe with streaming responses), and the handlers that turn every failure into an OpenAI-style
+error body {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixkv.engine.types import RequestError
+from radixkv.server.protocol import APIError, overloaded
+
+if TYPE_CHECKING:
+    from radixkv.server.app import ServerState
+
+log = logging.getLogger("radixkv.server")
+ASGIApp = Callable[..., Awaitable[None]]
+
+
+def request_error(exc: RequestError) -> APIError:
+    """Map the engine's RequestError (code = HTTP-ish status) to an OpenAI-style error."""
+    if exc.code in (429, 503):
+        return overloaded(str(exc))
+    if exc.code == 413:  # longer than the context or the pool: OpenAI reports a 400
+        return APIError(str(exc), 400, param=exc.param or "prompt", code="context_length_exceeded")
+    return APIError(str(exc), exc.code, param=exc.param, code="invalid_value")
+
+
+_KNOWN_ROUTES = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/flush_cache",
+        "/cache/stats",
+    }
+)
+
+
+def _route_label(path: str) -> str:
+    if path.startswith("/sessions/"):
+        return "/sessions/{id}"
+    return path if path in _KNOWN_ROUTES else "other"
+
+
+def _auth_and_count(state: ServerState, app: Any) -> ASGIApp:
+    """Pure ASGI middleware (safe with streaming): Bearer auth on all routes but /health, and
+    a request counter by route and status."""
+
+    async def middleware(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        status = {"code": 500}
+
+        async def counting_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if state.api_key and path != "/health" and not _authorized(scope, state.api_key):
+                err = APIError(
+                    "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                    401,
+                    code="invalid_api_key",
+                )
+                await JSONResponse(err.body(), 401)(scope, receive, counting_send)
+                return
+            await app(scope, receive, counting_send)
+        finally:
+            state.metrics.http_requests.labels(_route_label(path), str(status["code"])).inc()
+
+    return middleware
+
+
+def _authorized(scope: Any, api_key: str) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key)
+    return False
+
+
+def auth_and_count_middleware(state: ServerState) -> Callable[[Any], ASGIApp]:
+    def factory(app: Any) -> ASGIApp:
+        return _auth_and_count(state, app)
+
+    return factory
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), exc.status)
+
+    @app.exception_handler(RequestError)
+    async def _engine_error(_: Request, exc: RequestError) -> JSONResponse:
+        err = request_error(exc)
+        return JSONResponse(err.body(), err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        err = APIError(str(exc.detail), exc.status_code, code=code)
+        return JSONResponse(err.body(), exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(f"invalid request: {exc.errors()}").body(), 400)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        err = APIError(f"internal error: {type(exc).__name__}", 500, type="server_error")
+        return JSONResponse(err.body(), 500)
