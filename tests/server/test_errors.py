@@ -100,6 +100,11 @@ def test_malformed_json(srv: LiveServer, raw: bytes) -> None:
         _assert_error(_post(srv, path, None, raw=raw), 400)
 
 
+def test_oversized_body_is_413(srv: LiveServer) -> None:
+    big = b'{"prompt": "' + b"x" * (33 * 2**20) + b'"}'
+    _assert_error(_post(srv, "/v1/completions", None, raw=big), 413)
+
+
 def test_unknown_route_and_method(srv: LiveServer) -> None:
     _assert_error(httpx.get(srv.url + "/v1/nothing"), 404)
     _assert_error(httpx.get(srv.url + "/v1/completions"), 405)

@@ -35,6 +35,7 @@ log = logging.getLogger("radixkv.server")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512
+MAX_BODY_BYTES = 32 * 2**20  # far above any context we serve; bounds memory per request
 
 
 class ServerState:
@@ -115,6 +116,20 @@ async def _generate(
     return JSONResponse(await gen.collect(request))
 
 
+async def _read_body(request: Request) -> bytes:
+    """The request body, refusing (413) anything larger than MAX_BODY_BYTES before buffering it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(f"request body over {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(f"request body over {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
     prompt = req.prompt_text_or_ids()
     if isinstance(prompt, str):
@@ -136,7 +151,7 @@ def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
 def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_body(CompletionRequest, await request.body())
+        req = parse_body(CompletionRequest, await _read_body(request))
         state.check_model(req.model)
         req.check(state.vocab_size)
         # Tokenizing a long prompt takes milliseconds: keep it off the event loop.
@@ -145,7 +160,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse_body(ChatCompletionRequest, await request.body())
+        req = parse_body(ChatCompletionRequest, await _read_body(request))
         state.check_model(req.model)
         req.check(state.vocab_size)
         try:
