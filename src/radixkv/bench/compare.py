@@ -129,6 +129,18 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def draw_ttft_cdf(result: dict[str, Any], path: Path) -> Path:
+    """The TTFT CDF of every run of a compare result, from its per-request records."""
+    from radixkv.bench.plots import ttft_cdf
+
+    ttfts = {
+        n: [r["ttft_s"] for r in run["requests"] if r["ok"] and r["ttft_s"] is not None]
+        for n, run in result["runs"].items()
+    }
+    wl = result["workload"]
+    return ttft_cdf(ttfts, path, f"TTFT CDF: {wl['name']}, {wl['num_requests']} requests")
+
+
 def write_outputs(
     result: dict[str, Any], out: Path, trace_plot: bool = True, replay_requests: int | None = None
 ) -> dict[str, str]:
@@ -136,18 +148,13 @@ def write_outputs(
 
     For a trace workload, the hit-vs-capacity plot replays the trace offline (metadata only) over
     its first `replay_requests` requests (default: the same slice the servers were sent)."""
-    from radixkv.bench.plots import trace_hit_vs_capacity, ttft_cdf
+    from radixkv.bench.plots import trace_hit_vs_capacity
 
     out.mkdir(parents=True, exist_ok=True)
     runs = result["runs"]
     files: dict[str, str] = {}
-    ttfts = {
-        n: [r["ttft_s"] for r in run["requests"] if r["ok"] and r["ttft_s"] is not None]
-        for n, run in runs.items()
-    }
+    files["ttft_cdf"] = str(draw_ttft_cdf(result, out / "ttft_cdf.png"))
     wl = result["workload"]
-    title = f"TTFT CDF: {wl['name']}, {wl['num_requests']} requests"
-    files["ttft_cdf"] = str(ttft_cdf(ttfts, out / "ttft_cdf.png", title))
     params = wl["params"]
     if trace_plot and wl["name"] == "trace" and params.get("trace"):
         rep = trace_hit_vs_capacity(
@@ -197,7 +204,7 @@ def add_compare_args(
     p.add_argument(
         "--startup-timeout", type=float, default=600.0, help="seconds to wait for /health"
     )
-    p.add_argument("--out", default="bench-out", help=out_help)
+    p.add_argument("--out", default="bench-results/compare", help=out_help)
     p.add_argument(
         "--replay-requests",
         type=int,

@@ -54,7 +54,7 @@ ROWS: tuple[tuple[str, Getter, Callable[[float | None], str]], ...] = (
     ("wall time (s)", _get("wall_s"), lambda v: "-" if v is None else f"{v:.1f}"),
 )
 
-# (label, getter, lower_is_better): shown as value ÷ the baseline's value.
+# (label, getter): shown as the run's value ÷ the baseline's (TTFT: < 1 is better; rates: > 1).
 RATIOS: tuple[tuple[str, Getter], ...] = (
     ("TTFT mean ÷ off", _get("ttft_s", "mean")),
     ("TTFT p50 ÷ off", _get("ttft_s", "p50")),

@@ -29,10 +29,11 @@ def ttft_cdf(
     for name, values in runs.items():
         if not values:
             continue
+        n = len(values)
         xs = np.sort(np.asarray(values, dtype=np.float64)) * 1000.0
-        ys = np.arange(1, len(xs) + 1) / len(xs)
+        ys = np.arange(1, n + 1) / n
         xs, ys = np.concatenate([xs[:1], xs]), np.concatenate([[0.0], ys])  # rise from 0
-        ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)})")
+        ax.step(xs, ys, where="post", label=f"{name} (n={n})")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench.compare import add_compare_args, run_compare, write_outputs
+from radixkv.bench.compare import add_compare_args, draw_ttft_cdf, run_compare, write_outputs
 from radixkv.bench.compare_table import markdown_table
 from radixkv.bench.server_proc import CONFIG_HELP
 from radixkv.bench.workload_cli import workloads_help
@@ -85,13 +85,17 @@ def section(result: dict[str, Any], md_dir: Path, asset_dir: Path, tag: str) -> 
         "```",
         "",
     ]
+    # The TTFT CDF is redrawn from the per-request records; other plots are copied if present.
+    images = [("ttft_cdf", draw_ttft_cdf(result, asset_dir / f"{tag}-ttft_cdf.png"))]
     for kind, src in (result.get("plots") or {}).items():
-        if not str(src).endswith(".png") or not Path(src).is_file():
+        if kind == "ttft_cdf" or not str(src).endswith(".png") or not Path(src).is_file():
             continue
         dst = asset_dir / f"{tag}-{kind}.png"
         if Path(src).resolve() != dst.resolve():
             shutil.copyfile(src, dst)
-        rel = dst.relative_to(md_dir) if dst.is_relative_to(md_dir) else dst
+        images.append((kind, dst))
+    for kind, img in images:
+        rel = img.relative_to(md_dir) if img.is_relative_to(md_dir) else img
         lines += [f"![{kind}]({rel.as_posix()})", ""]
     return lines
 
@@ -154,5 +158,5 @@ def register(subparsers: Any) -> None:
     p.set_defaults(**REPORT_DEFAULTS)
     p.set_defaults(out="docs/benchmarks.md")
     p.add_argument("--from", dest="from_json", action="append", help="compare.json (repeatable)")
-    p.add_argument("--work-dir", default="bench-out/report", help="where the compare run writes")
+    p.add_argument("--work-dir", default="bench-results/report", help="compare run output dir")
     p.set_defaults(func=_cmd_report)

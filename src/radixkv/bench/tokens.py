@@ -60,11 +60,7 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def _special_ids(tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for tok_id, added in tokenizer.get_added_tokens_decoder().items():
-        ids.add(int(tok_id))
-        del added
-    return ids
+    return {int(tok_id) for tok_id in tokenizer.get_added_tokens_decoder()}
 
 
 def id_source(
