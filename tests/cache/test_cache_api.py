@@ -9,8 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radixkv.cache import BlockHashCache, RadixCache
+from radixkv.cache.keys import TOKEN_BYTES, token_key
+from radixkv.cache.radix import _common_pages
 
 BOTH = [RadixCache, BlockHashCache]
 
@@ -159,3 +163,23 @@ def test_import_does_not_pull_torch() -> None:
     code = "import sys, radixkv.cache, radixkv.cache.radix; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@given(
+    a=st.lists(st.integers(0, 1), min_size=1, max_size=40),
+    b=st.lists(st.integers(0, 1), min_size=1, max_size=40),
+    page=st.sampled_from([1, 2, 4]),
+    pad=st.integers(0, 3),
+)
+def test_common_pages_matches_brute_force(a: list[int], b: list[int], page: int, pad: int) -> None:
+    """The galloping search equals a linear scan (given the first page matches)."""
+    a, b = a[: len(a) - len(a) % page], b[: len(b) - len(b) % page]
+    if not a or not b or a[:page] != b[:page]:
+        return
+    q = token_key([7] * pad + a)
+    key = token_key(b)
+    limit = min(len(a), len(b)) // page
+    want = 0
+    while want < limit and a[want * page : (want + 1) * page] == b[want * page : (want + 1) * page]:
+        want += 1
+    assert _common_pages(q, pad * TOKEN_BYTES, key, limit, page * TOKEN_BYTES) == want

@@ -33,6 +33,29 @@ from radixkv.cache.leafqueue import Entry, LeafQueue
 from radixkv.cache.policy import EvictionPolicy, make_policy
 
 
+def _common_pages(q: bytes, pos: int, key: bytes, limit: int, pb: int) -> int:
+    """How many whole pages of `key` match `q` at byte offset `pos` (at most `limit`), given that
+    the first one does. Gallops then bisects, comparing only not-yet-compared bytes, so the cost
+    is proportional to the match length, not to the edge length."""
+    lo, step = 1, 1  # lo: pages known to match
+    hi = limit  # pages that may match
+    while lo < hi:
+        probe = min(lo + step, hi)
+        if q.startswith(key[lo * pb : probe * pb], pos + lo * pb):
+            lo = probe
+            step <<= 1
+        else:
+            hi = probe - 1
+            break
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if q.startswith(key[lo * pb : mid * pb], pos + lo * pb):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class Node:
     """One edge of the tree (the root of a namespace has an empty edge and no parent)."""
 
@@ -141,15 +164,9 @@ class RadixCache:
                 node = child
                 continue
             # Mismatch (or end of query) inside the edge; the first page is known to match.
-            lo, hi = 1, min(len(key), end - pos) // pb
-            while lo < hi:
-                mid = (lo + hi + 1) >> 1
-                if q.startswith(key[: mid * pb], pos):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            path.append(self._split(child, lo * pb))
-            pos += lo * pb
+            common = _common_pages(q, pos, key, min(len(key), end - pos) // pb, pb) * pb
+            path.append(self._split(child, common))
+            pos += common
             break
         return path, pos
 
