@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_openai_server import FakeServer
 
 from radixkv.bench import compare, report
 from radixkv.bench.client import RequestResult
@@ -94,6 +95,30 @@ def _parse(module: Any, argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     module.register(parser.add_subparsers())
     return parser.parse_args(argv)
+
+
+def test_compare_runs_an_extra_openai_server(tmp_path: Path) -> None:
+    with FakeServer() as fake:
+        args = _parse(compare, [
+            "compare", "--model", str(tmp_path), "--configs", "", "--extra", f"fake={fake.url}",
+            "--workload", "multi-turn", "--num-conversations", "2", "--num-turns", "2",
+            "--question-len", "4", "--output-len", "2", "--warmup", "0", "--no-progress",
+            "--out", str(tmp_path / "cmp"),
+        ])  # fmt: skip
+        assert args.func(args) == 0
+        # closed loop: a conversation's second turn (same leading tokens) arrived only after
+        # its first turn had finished
+        assert len(fake.log) == 4
+        by_conv: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+        for e in fake.log:
+            by_conv.setdefault(tuple(e["key"]), []).append(e)
+        assert sorted(len(v) for v in by_conv.values()) == [2, 2]
+        assert all(second["arrive"] >= first["done"] for first, second in by_conv.values())
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    run = result["runs"]["fake"]
+    assert run["server"] == {"kind": "extra", "url": fake.url} and run["model"] == "fake-model"
+    assert run["summary"]["completed"] == 4 and run["summary"]["token_hit_rate"] == 0.5
+    assert re.search(r"\|\s*fake\s*\|", (tmp_path / "cmp" / "compare.md").read_text())
 
 
 @pytest.mark.slow
