@@ -114,3 +114,10 @@ def test_bfloat16_load_runs(tiny_model_dir: Callable[..., Path]) -> None:
     pool = KVPool(lm.config.pool_config(16, torch.bfloat16))
     logits = lm.model(single_batch(list(range(3, 15)), 0, torch.arange(16)), pool)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_qwen2_per_layer_sliding_window(tiny_model_dir: Callable[..., Path]) -> None:
+    path = tiny_model_dir("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    cfg = ModelConfig.from_pretrained(path)
+    assert cfg.layer_windows == (None, 8)
+    assert _compare_with_transformers(path, n=30) < 1e-4
