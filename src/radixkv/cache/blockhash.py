@@ -172,25 +172,21 @@ class BlockHashCache:
         end = len(q) - len(q) % pb
         parent = chain[-1] if chain else None
         first_new = len(chain)
-        while pos < end:
-            tok = pos // TOKEN_BYTES
-            key = (parent.block_id if parent is not None else root_id, q[pos : pos + pb])
-            block = Block(
-                next(self._ids),
-                key,
-                frozen_copy(s[tok : tok + page]),
-                parent,
-                namespace,
-                self._clock + 1,
-            )
+        # One private copy for all new blocks; each block holds a read-only view of its page.
+        tail = frozen_copy(s[cached : end // TOKEN_BYTES])
+        blocks, free, ids, clock = self._blocks, self._free, self._ids, self._clock + 1
+        parent_id = parent.block_id if parent is not None else root_id
+        for off in range(0, end - pos, pb):
+            key = (parent_id, q[pos + off : pos + off + pb])
+            tok = off // TOKEN_BYTES
+            block = Block(next(ids), key, tail[tok : tok + page], parent, namespace, clock)
             block.priority = priority
             if parent is not None:
                 parent.num_children += 1
-            self._blocks[key] = block
-            self._free[block.block_id] = block
+            blocks[key] = block
+            free[block.block_id] = block
             chain.append(block)
-            parent = block
-            pos += pb
+            parent, parent_id = block, block.block_id
         self._touch(chain, priority)
         self._stats.inserted_tokens += (len(chain) - first_new) * page
         return cached
