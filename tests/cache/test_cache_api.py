@@ -183,3 +183,34 @@ def test_common_pages_matches_brute_force(a: list[int], b: list[int], page: int,
     while want < limit and a[want * page : (want + 1) * page] == b[want * page : (want + 1) * page]:
         want += 1
     assert _common_pages(q, pad * TOKEN_BYTES, key, limit, page * TOKEN_BYTES) == want
+
+
+def test_check_integrity_detects_lock_and_queue_corruption() -> None:
+    cache = RadixCache(policy="mru")
+    cache.insert([1, 2, 3], [0, 1, 2])
+    cache.insert([1, 2, 4], [5, 6, 7])
+    leaf = cache.match([1, 2, 4]).handle
+    cache.lock(leaf)
+    leaf.parent.lock = 0  # a parent with fewer locks than its child
+    with pytest.raises(AssertionError, match="exceeds its parent"):
+        cache.check_integrity()
+    leaf.parent.lock = 1
+    cache.unlock(leaf)
+    cache.check_integrity()
+    leaf.last_access += 100  # an MRU entry whose key no longer matches its node
+    with pytest.raises(AssertionError, match="leaf entry key"):
+        cache.check_integrity()
+
+
+def test_blockhash_integrity_detects_corruption() -> None:
+    cache = BlockHashCache(page_size=2)
+    cache.insert([1, 2, 3, 4], [0, 1, 2, 3])
+    cache.check_integrity()
+    first = cache.match([1, 2]).handle[0]
+    first.num_children = 0
+    with pytest.raises(AssertionError, match="child count"):
+        cache.check_integrity()
+    first.num_children = 1
+    cache._free.move_to_end(first.block_id, last=False)  # parent ahead of its child
+    with pytest.raises(AssertionError, match="before its child"):
+        cache.check_integrity()

@@ -6,7 +6,7 @@ AssertionError with a message naming the violated invariant.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from radixkv.cache.radix import RadixCache
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     raise AssertionError(f"cache integrity: {msg}")
 
 
@@ -84,12 +84,32 @@ def check_radix(cache: RadixCache) -> None:
     total = check_unique_slots(parts)
     if total != cache.total_size:
         _fail(f"total_size {cache.total_size} but the tree holds {total} slots")
+    _check_leaf_queue(cache)
     tracked = {id(n) for n in cache._leaves.tracked()}
     if tracked != leaves:
         _fail(
             f"evictable-leaf set has {len(tracked - leaves)} nodes that are not unlocked leaves "
             f"and misses {len(leaves - tracked)} unlocked leaves"
         )
+
+
+def _check_leaf_queue(cache: RadixCache) -> None:
+    """Heap order holds, and every live entry's key is the node's true key (a lower bound of it
+    for monotone policies, whose entries are re-keyed lazily)."""
+    heap = cache._leaves._heap
+    for i in range(1, len(heap)):
+        if heap[(i - 1) // 2][:3] > heap[i][:3]:
+            _fail(f"leaf heap order broken at entry {i}")
+    policy = cache.policy
+    for entry in heap:
+        node = entry[3]
+        if node.entry is not entry:
+            continue
+        true_key = policy.key(node)
+        if (entry[0], entry[1]) > true_key or (
+            not policy.monotone and (entry[0], entry[1]) != true_key
+        ):
+            _fail(f"leaf entry key {entry[:2]} is not a valid bound of the node's {true_key}")
 
 
 def check_blockhash(cache: BlockHashCache) -> None:
