@@ -30,7 +30,7 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 class DecoderLayer(nn.Module):
     """One pre-norm block: attention with the KV pool, then a SwiGLU MLP."""
 
-    def __init__(self, cfg: ModelConfig, index: int, get: WeightGetter, device: str) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, get: WeightGetter) -> None:
         super().__init__()
         self.index = index
         self.window = cfg.layer_windows[index]
@@ -88,7 +88,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        batch: ForwardBatch,
+        out_slots: torch.Tensor,
         pool: KVPool,
         attn: AttentionBackend,
         meta: AttentionMetadata,
@@ -106,7 +106,7 @@ class DecoderLayer(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         # Invariant: new K/V are in the pool before attention reads the context by slot.
-        pool.write(self.index, batch.out_slots, k, v)
+        pool.write(self.index, out_slots, k, v)
         o = attn.attend(
             q, pool.k[self.index], pool.v[self.index], meta, self.window, self.head_dim**-0.5
         )
@@ -134,9 +134,7 @@ class CausalLM(nn.Module):
         if embed is None:
             raise KeyError("checkpoint is missing model.embed_tokens.weight")
         self.embed = _param(embed)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, get, device) for i in range(cfg.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, get) for i in range(cfg.num_layers))
         norm = get("model.norm.weight")
         if norm is None:
             raise KeyError("checkpoint is missing model.norm.weight")
@@ -165,21 +163,13 @@ class CausalLM(nn.Module):
         ids = batch.input_ids.to(device)
         positions = batch.positions.to(device)
         out_slots = batch.out_slots.to(device)
-        if out_slots is not batch.out_slots:
-            batch = _with_out_slots(batch, out_slots)
         x = F.embedding(ids, self.embed)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         meta = self.attention.prepare(batch, device)
         for layer in self.layers:
-            x = layer(x, cos, sin, batch, pool, self.attention, meta)
+            x = layer(x, cos, sin, out_slots, pool, self.attention, meta)
         if not batch.return_all_logits:
             last = torch.tensor(batch.extend_lens, device=device).cumsum(0) - 1
             x = x.index_select(0, last)
         x = rms_norm(x, self.norm, self.config.rms_norm_eps)
         return F.linear(x, self.lm_head).float()
-
-
-def _with_out_slots(batch: ForwardBatch, out_slots: torch.Tensor) -> ForwardBatch:
-    from dataclasses import replace
-
-    return replace(batch, out_slots=out_slots)
