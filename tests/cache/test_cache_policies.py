@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from radixkv.cache import BlockHashCache, RadixCache, available_policies, make_cache
+from radixkv.cache.policy import LRUPolicy
 
 TRUNK = list(range(1000, 1016))  # a shared system prompt ("refund policy ...")
 
@@ -165,3 +166,43 @@ def test_factory_and_unknown_names() -> None:
         make_cache("trie", 1, "lru")
     with pytest.raises(ValueError):
         RadixCache(policy="random")
+
+
+@pytest.mark.parametrize("policy", ["lru", "mru"])
+def test_stale_heap_entries_stay_bounded(policy: str) -> None:
+    """Lock/unlock churn (and, for mru, every hit) leaves stale heap entries; compaction keeps
+    them at most about the live count, and order survives it."""
+    cache = RadixCache(policy=policy)
+    owner = build_three(cache)
+    for _ in range(500):
+        res = cache.match(seq(20))
+        cache.lock(res.handle)
+        cache.unlock(res.handle)
+        assert len(cache._leaves._heap) <= 2 * len(cache._leaves) + 65
+    cache.check_integrity()
+    expected = ["X", "Z", "Y"] if policy == "lru" else ["Y", "Z", "X"]
+    assert evict_order(cache, owner) == expected
+
+
+class CountingLRU(LRUPolicy):
+    calls = 0
+
+    def key(self, node: Any) -> tuple[int, int]:
+        CountingLRU.calls += 1
+        return super().key(node)
+
+
+def test_evict_is_incremental_not_a_scan() -> None:
+    """Evicting one leaf from a 4,000-leaf tree looks at O(1) heap entries (no scan, no rebuild)."""
+    cache = RadixCache(page_size=2, policy=CountingLRU())
+    rng = np.random.default_rng(0)
+    for i in range(4000):
+        toks = [*TRUNK, *rng.integers(0, 1 << 30, 6).tolist()]
+        cache.insert(toks, slots_for(toks, 100 * i))
+    for toks in (TRUNK,):
+        cache.match(toks)
+    CountingLRU.calls = 0
+    for _ in range(100):
+        assert len(cache.evict(1)) == 6
+    assert CountingLRU.calls <= 100 * 2
+    cache.check_integrity()
