@@ -24,7 +24,6 @@ from typing import Any
 
 from radixkv.cache.base import CacheStats, MatchResult, SlotArray
 from radixkv.cache.keys import (
-    EMPTY_SLOTS,
     TOKEN_BYTES,
     StatsLedger,
     concat_slots,
@@ -140,10 +139,10 @@ class BlockHashCache:
             self._stats.requested_tokens += len(q) // TOKEN_BYTES
         root_id = self._roots.get(namespace)
         if root_id is None:
-            return MatchResult(0, EMPTY_SLOTS, None)
+            return MatchResult(0, concat_slots([]), None)
         chain, pos = self._chain(q, root_id)
         if not chain:
-            return MatchResult(0, EMPTY_SLOTS, None)
+            return MatchResult(0, concat_slots([]), None)
         if record:
             self._touch(chain)
             self._stats.matched_tokens += pos // TOKEN_BYTES

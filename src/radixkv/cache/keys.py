@@ -63,10 +63,11 @@ def frozen_copy(arr: SlotArray) -> SlotArray:
 
 
 def concat_slots(parts: list[SlotArray]) -> SlotArray:
-    if not parts:
-        return EMPTY_SLOTS
+    """A fresh, writable array the caller owns (torch.from_numpy warns on read-only ones)."""
     if len(parts) == 1:
-        return parts[0]  # read-only, safe to hand out
+        return parts[0].copy()
+    if not parts:
+        return np.empty(0, dtype=np.int64)
     return np.concatenate(parts)
 
 

@@ -128,10 +128,10 @@ class RadixCache:
             self._stats.requested_tokens += len(q) // TOKEN_BYTES
         root = self._roots.get(namespace)
         if root is None:
-            return MatchResult(0, EMPTY_SLOTS, None)
+            return MatchResult(0, concat_slots([]), None)
         path, matched = self._walk(root, q)
         if not path:
-            return MatchResult(0, EMPTY_SLOTS, None)
+            return MatchResult(0, concat_slots([]), None)
         length = matched // TOKEN_BYTES
         if record:
             self._clock += 1
