@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from radixkv.cache import BlockHashCache, RadixCache
 from radixkv.cache.keys import TOKEN_BYTES, token_key
-from radixkv.cache.radix import _common_pages
+from radixkv.cache.radix_node import common_pages
 
 BOTH = [RadixCache, BlockHashCache]
 
@@ -180,7 +180,7 @@ def test_common_pages_matches_brute_force(a: list[int], b: list[int], page: int,
     want = 0
     while want < limit and a[want * page : (want + 1) * page] == b[want * page : (want + 1) * page]:
         want += 1
-    assert _common_pages(q, pad * TOKEN_BYTES, key, limit, page * TOKEN_BYTES) == want
+    assert common_pages(q, pad * TOKEN_BYTES, key, limit, page * TOKEN_BYTES) == want
 
 
 def test_check_integrity_detects_lock_and_queue_corruption() -> None:

@@ -29,64 +29,9 @@ from radixkv.cache.keys import (
     slot_array,
     token_key,
 )
-from radixkv.cache.leafqueue import Entry, LeafQueue
+from radixkv.cache.leafqueue import LeafQueue
 from radixkv.cache.policy import EvictionPolicy, make_policy
-
-
-def _common_pages(q: bytes, pos: int, key: bytes, limit: int, pb: int) -> int:
-    """How many whole pages of `key` match `q` at byte offset `pos` (at most `limit`), given that
-    the first one does. Gallops then bisects, comparing only not-yet-compared bytes, so the cost
-    is proportional to the match length, not to the edge length."""
-    lo, step = 1, 1  # lo: pages known to match
-    hi = limit  # pages that may match
-    while lo < hi:
-        probe = min(lo + step, hi)
-        if q.startswith(key[lo * pb : probe * pb], pos + lo * pb):
-            lo = probe
-            step <<= 1
-        else:
-            hi = probe - 1
-            break
-    while lo < hi:
-        mid = (lo + hi + 1) >> 1
-        if q.startswith(key[lo * pb : mid * pb], pos + lo * pb):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-class Node:
-    """One edge of the tree (the root of a namespace has an empty edge and no parent)."""
-
-    __slots__ = (
-        "alive",
-        "children",
-        "created",
-        "entry",
-        "hits",
-        "key",
-        "last_access",
-        "lock",
-        "ntok",
-        "parent",
-        "priority",
-        "slots",
-    )
-
-    def __init__(self, key: bytes, slots: SlotArray, parent: Node | None, clock: int) -> None:
-        self.key = key  # token ids of this edge, int64 little-endian bytes
-        self.slots = slots  # read-only int64 array, one slot per token of `key`
-        self.ntok = len(key) // TOKEN_BYTES
-        self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
-        self.parent = parent
-        self.lock = 0
-        self.last_access = clock
-        self.hits = 1
-        self.created = clock
-        self.priority = 0
-        self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
-        self.alive = True  # False once evicted or dropped by reset: its handle is stale
+from radixkv.cache.radix_node import Node, common_pages
 
 
 class RadixCache:
@@ -164,7 +109,7 @@ class RadixCache:
                 node = child
                 continue
             # Mismatch (or end of query) inside the edge; the first page is known to match.
-            common = _common_pages(q, pos, key, min(len(key), end - pos) // pb, pb) * pb
+            common = common_pages(q, pos, key, min(len(key), end - pos) // pb, pb) * pb
             path.append(self._split(child, common))
             pos += common
             break
