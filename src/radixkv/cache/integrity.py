@@ -60,6 +60,8 @@ def check_radix(cache: RadixCache) -> None:
                     _fail(f"{where}: edge of {len(child.key)} bytes is not whole pages")
                 if child.ntok * TOKEN_BYTES != len(child.key) or len(child.slots) != child.ntok:
                     _fail(f"{where}: {len(child.slots)} slots for {child.ntok} tokens")
+                if child.slots.flags.writeable:
+                    _fail(f"{where}: slot array is writable (callers could alter the tree)")
                 if first != child.key[:pb]:
                     _fail(f"{where}: filed under a key that is not its first page")
                 if child.lock < 0:

@@ -34,6 +34,18 @@ from radixkv.cache.policy import EvictionPolicy, make_policy
 from radixkv.cache.radix_node import Node, common_pages
 
 
+def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
+    """Halves of a node's read-only slot array. If the array owns its memory, the larger half
+    stays a view of it and only the smaller half is copied; a view is always copied. So every
+    view is at least half of the array it keeps alive: memory held for evicted slots stays
+    below the live node's own size."""
+    if slots.base is not None:
+        return frozen_copy(slots[:at]), frozen_copy(slots[at:])
+    if 2 * at <= len(slots):
+        return frozen_copy(slots[:at]), slots[at:]
+    return slots[:at], frozen_copy(slots[at:])
+
+
 class RadixCache:
     """Radix-tree prefix cache; see the module docstring for invariants and DESIGN.md for the
     contract. Accepts tokens as numpy int arrays (fastest), lists or tuples of ints."""
@@ -121,14 +133,15 @@ class RadixCache:
         parent = child.parent
         assert parent is not None
         ntok = at // TOKEN_BYTES
-        upper = Node(child.key[:at], frozen_copy(child.slots[:ntok]), parent, child.created)
+        upper_slots, lower_slots = _split_slots(child.slots, ntok)
+        upper = Node(child.key[:at], upper_slots, parent, child.created)
         upper.lock = child.lock
         upper.last_access = child.last_access
         upper.hits = child.hits
         upper.priority = child.priority
         parent.children[child.key[: self._page_bytes]] = upper
         child.key = child.key[at:]
-        child.slots = frozen_copy(child.slots[ntok:])
+        child.slots = lower_slots
         child.ntok -= ntok
         child.parent = upper
         upper.children[child.key[: self._page_bytes]] = child
