@@ -1,19 +1,19 @@
 """Shared pytest fixtures.
 
 `tiny_model_dir(arch="llama", **config_overrides) -> Path` (session-scoped factory)
-    A tiny, seeded, randomly initialised HF checkpoint saved with `save_pretrained` (safetensors),
-    for fast model/engine/server tests (~1 s to build once, then cached for the session; loading
-    it with `radixkv.model.load_model(path)` takes ~0.1 s). `arch` is one of "llama", "qwen2",
-    "qwen3", "mistral". Shape: hidden 64, 2 layers, 4 query heads, 2 KV heads (head_dim 16),
-    intermediate 128, vocab 49152, max positions 1024; Mistral has sliding_window=8 so short
-    sequences already run past the window. Keyword overrides go to the transformers config class
-    (e.g. `tie_word_embeddings=True`, `num_hidden_layers=3`, `rope_scaling={...}`).
+    A tiny, seeded, randomly initialised HF checkpoint saved with `save_pretrained`
+    (safetensors), for fast model/engine/server tests: built once per session and key (a few
+    seconds, mostly importing transformers); `radixkv.model.load_model(path)` then takes ~0.3 s.
+    `arch` is one of "llama", "qwen2", "qwen3", "mistral". Shape: hidden 64, 2 layers, 4 query
+    heads, 2 KV heads (head_dim 16), intermediate 128, vocab 49152, max positions 1024; Mistral
+    has sliding_window=8 so short sequences already run past the window. Keyword overrides go to
+    the transformers config class (e.g. `tie_word_embeddings=True`, `num_hidden_layers=3`).
     The directory also holds a WORKING tokenizer: the default model's converted SmolLM2 tokenizer
     (tokenizer.json, tokenizer_config.json with chat template, chat_template.jinja), so vocab ids
     match (eos = <|im_end|> = 2); producing it converts the embedded default model once into
     $RADIXKV_CACHE_DIR (default ~/.cache/radixkv/models).
-    Weights use initializer_range=0.2 so attention is peaked and masking mistakes show up in logits;
-    generated text from these models is gibberish by design.
+    Weights use initializer_range=0.2 so attention is peaked and masking mistakes show up in
+    logits; generated text from these models is gibberish by design.
 
 `default_model_dir() -> Path` (session-scoped)
     The converted embedded default model (SmolLM2-135M-Instruct, float32 HF checkpoint).

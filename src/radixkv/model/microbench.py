@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections.abc import Callable
 
@@ -83,41 +84,47 @@ def attention_bench(prefill_len: int, decode_batch: int, decode_ctx: int, repeat
     return results
 
 
+def _step_times_ms(steps: list[Callable[[], object]]) -> tuple[float, float]:
+    """(best, median) wall time of the individual steps, in ms."""
+    times = []
+    for fn in steps:
+        t0 = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - t0))
+    return min(times), statistics.median(times)
+
+
 def _model_rates(
     lm: LoadedModel, prompt_len: int, decode_steps: int, decode_batch: int, repeats: int
 ) -> dict[str, float]:
-    """Prefill of one prompt; decode of one request, and of `decode_batch` requests together."""
+    """Prefill of one prompt; decode steps of one request, and of `decode_batch` requests
+    together (each decode step timed on its own; best and median reported)."""
     total = prompt_len + decode_steps
     pool = KVPool(lm.config.pool_config(total * decode_batch, dtype=lm.dtype))
     ids = torch.randint(3, lm.config.vocab_size, (total,)).tolist()
-    slots = torch.arange(total)
-    prefill_ms = _best_ms(lambda: lm.model(single_batch(ids[:prompt_len], 0, slots), pool), repeats)
-
-    def decode() -> None:
-        for p in range(prompt_len, total):
-            lm.model(single_batch([ids[p]], p, slots), pool)
-
-    decode_ms = _best_ms(decode, max(1, repeats // 2), warmup=1)
     per_req = [torch.arange(r * total, (r + 1) * total) for r in range(decode_batch)]
-    for r in range(decode_batch):  # fill every request's context once
+    prefill_ms = _best_ms(
+        lambda: lm.model(single_batch(ids[:prompt_len], 0, per_req[0]), pool), repeats
+    )
+    for r in range(1, decode_batch):  # every request's context holds the prompt
         lm.model(single_batch(ids[:prompt_len], 0, per_req[r]), pool)
 
-    def batched_decode() -> None:
-        for p in range(prompt_len, total):
-            lens = [p + 1] * decode_batch
-            lm.model(
-                _batch(lens, [1] * decode_batch, torch.cat([s[: p + 1] for s in per_req])), pool
-            )
+    def one(p: int) -> Callable[[], object]:
+        return lambda: lm.model(single_batch([ids[p]], p, per_req[0]), pool)
 
-    batched_ms = _best_ms(batched_decode, max(1, repeats // 2), warmup=1)
+    def batched(p: int) -> Callable[[], object]:
+        ctx = torch.cat([s[: p + 1] for s in per_req])
+        batch = _batch([p + 1] * decode_batch, [1] * decode_batch, ctx)
+        return lambda: lm.model(batch, pool)
+
+    one_best, one_median = _step_times_ms([one(p) for p in range(prompt_len, total)])
+    many_best, many_median = _step_times_ms([batched(p) for p in range(prompt_len, total)])
     return {
         "prefill_tokens_per_s": prompt_len / (prefill_ms / 1000),
-        "decode_tokens_per_s": decode_steps / (decode_ms / 1000),
-        f"decode_batch{decode_batch}_tokens_per_s": decode_batch
-        * decode_steps
-        / (batched_ms / 1000),
-        "prefill_ms": prefill_ms,
-        "decode_ms_per_step": decode_ms / decode_steps,
+        "decode_tokens_per_s": 1000 / one_best,
+        "decode_tokens_per_s_median": 1000 / one_median,
+        f"decode_batch{decode_batch}_tokens_per_s": decode_batch * 1000 / many_best,
+        f"decode_batch{decode_batch}_tokens_per_s_median": decode_batch * 1000 / many_median,
     }
 
 
