@@ -153,6 +153,9 @@ def test_check_integrity_detects_corruption() -> None:
     cache._evictable -= 1
     leaf = cache.match([1, 2, 4]).handle
     leaf.slots = np.array([1])
+    with pytest.raises(AssertionError, match="writable"):
+        cache.check_integrity()
+    leaf.slots.flags.writeable = False
     with pytest.raises(AssertionError, match="slots held twice"):
         cache.check_integrity()
 
