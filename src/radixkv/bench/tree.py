@@ -3,7 +3,8 @@
 Workload (issue 2): N sequences of L tokens sharing a P-token prefix (random token ids otherwise).
 Per sequence: match, then insert; then N full-hit matches; then lock+unlock of each matched leaf;
 then evict E tokens per call until the cache is empty. Reports mean / p50 / p99 microseconds per
-operation for each cache design and page size, as a table and (optionally) JSON.
+operation for each cache design and page size, as a table and (optionally) JSON. The table's
+"target" column is issue 2's bar at page size 1 (SGLang's Rust tree core, mean µs).
 
 Only the cache call is inside the timer; building the query (and, with `--input list`, converting
 a row to a Python list) happens before it. `--input numpy` hands the cache int64 arrays (what the
@@ -120,15 +121,27 @@ def clock_overhead_ns(clock: Any) -> int:
     return int(np.median(samples))
 
 
+# Issue 2's bar: SGLang 0.5.23's Rust tree core, mean µs at page size 1 on the same workload.
+TARGET_MEAN_US_PAGE1 = {
+    "match": 14.0,
+    "insert": 27.0,
+    "full_hit_match": 15.0,
+    "lock_unlock": 9.0,
+    "evict": 89.0,
+}
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'cache':<10} {'page':>4}  {'op':<15} {'count':>7} {'mean µs':>9} {'p50 µs':>9}"]
-    lines.append("-" * len(lines[0]))
+    head = f"{'cache':<10} {'page':>4}  {'op':<15} {'count':>7} {'mean µs':>9} {'p50 µs':>9}"
+    lines = [f"{head} {'target':>7}", "-" * (len(head) + 8)]
     for res in results:
         for op in OPS:
             s = res["ops"][op]
+            target = TARGET_MEAN_US_PAGE1[op] if res["page_size"] == 1 else None
             lines.append(
                 f"{res['cache']:<10} {res['page_size']:>4}  {op:<15} {s['count']:>7} "
-                f"{s['mean_us']:>9.2f} {s['p50_us']:>9.2f}"
+                f"{s['mean_us']:>9.2f} {s['p50_us']:>9.2f} "
+                + (f"{target:>7.0f}" if target is not None else f"{'':>7}")
             )
     return "\n".join(lines)
 
