@@ -69,3 +69,17 @@ def test_kernels_match_naive(
 def test_unknown_kernel() -> None:
     with pytest.raises(ValueError, match="kernel"):
         TorchAttention("flash")
+
+
+def test_windowed_layers_gather_only_visible_keys() -> None:
+    slots = torch.randperm(40)
+    decode = TorchAttention().prepare(_batch([3, 10, 7], [1, 1, 1], slots), torch.device("cpu"))
+    assert decode.decode is not None
+    assert decode.decode.view(None).width == 10
+    view = decode.decode.view(4)
+    assert view.width == 4
+    assert view.valid.sum(1).tolist() == [3, 4, 4]
+    assert view.slots.view(3, 4)[1].tolist() == slots[3 + 6 : 3 + 10].tolist()
+    extend = TorchAttention().prepare(_batch([12], [5], slots), torch.device("cpu"))
+    item = extend.extends[0]
+    assert (item.first_key(None), item.first_key(4), item.first_key(100)) == (0, 4, 0)

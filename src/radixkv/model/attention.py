@@ -10,7 +10,10 @@ context (cached prefix, earlier chunks, and this step's tokens) is always comple
   gathered in one index_select, and attended with one batched matmul under a padding mask;
 - multi-token requests (prefill / chunked prefill) run one by one with a causal mask by position.
 Grouped-query attention is done by reshaping queries to [kv_heads, group, ...]; K/V are never
-repeated. The kernel on the gathered tensors is torch SDPA (default) or matmul + float32 softmax.
+repeated. With a sliding window, only the keys some new token can still see are gathered (the
+last `window` per decode request; from `prefix - window + 1` on for an extend), so a windowed
+layer's cost stays O(window) however long the context grows. The kernel on the gathered tensors
+is torch SDPA (default) or matmul + float32 softmax.
 """
 
 from __future__ import annotations
@@ -31,28 +34,70 @@ _HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 @dataclass
 class ExtendItem:
-    """One multi-token request: its new tokens are rows [start, end) of the batch."""
+    """One multi-token request: its new tokens are rows [start, end) of the batch, at positions
+    prefix .. seq_len - 1 (the contract: a request's new tokens follow its whole context)."""
 
     start: int
     end: int
+    prefix: int
     slots: torch.Tensor  # [seq_len] int64 context slots
     q_pos: torch.Tensor  # [end - start] positions of the new tokens
-    # (window, dtype) -> additive mask [G * e, s]; built on first use, shared by layers
+    # (window, dtype) -> additive mask [G * e, s - lo]; built on first use, shared by layers
     masks: dict[tuple[int | None, torch.dtype], torch.Tensor] = field(default_factory=dict)
+
+    def first_key(self, window: int | None) -> int:
+        """Oldest context position any new token can see (earlier keys are not gathered)."""
+        return 0 if window is None else max(0, self.prefix - window + 1)
+
+
+@dataclass
+class DecodeView:
+    """The padded context of the one-token requests as one layer with a given window sees it."""
+
+    slots: torch.Tensor  # [Rd * width] slots, row-major, padding → slot 0 (masked)
+    width: int
+    valid: torch.Tensor  # [Rd, width] bool
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive [Rd,1,1,W]
+
+
+@dataclass
+class DecodeGroup:
+    """All one-token requests of a step, attended together in one batched call."""
+
+    rows: torch.Tensor  # [Rd] token rows in the batch (device)
+    contexts: list[torch.Tensor]  # each request's context slots (host copies)
+    device: torch.device
+    views: dict[int | None, DecodeView] = field(default_factory=dict)
+
+    def view(self, window: int | None) -> DecodeView:
+        """Built once per window per forward. The query of a request with L context tokens sits
+        at position L - 1 and sees positions > L - 1 - window: exactly its last min(L, window)
+        tokens, so only those are gathered and only the padding needs masking."""
+        longest = max(c.numel() for c in self.contexts)
+        key = None if window is None or window >= longest else window
+        cached = self.views.get(key)
+        if cached is not None:
+            return cached
+        tails = [c if key is None else c[max(0, c.numel() - key) :] for c in self.contexts]
+        width = max(t.numel() for t in tails)
+        padded = torch.zeros((len(tails), width), dtype=torch.int64)
+        for i, tail in enumerate(tails):
+            padded[i, : tail.numel()] = tail
+        lens = torch.tensor([t.numel() for t in tails], dtype=torch.int64)
+        valid = torch.arange(width)[None, :] < lens[:, None]
+        view = DecodeView(padded.reshape(-1).to(self.device), width, valid.to(self.device))
+        self.views[key] = view
+        return view
 
 
 @dataclass
 class AttentionMetadata:
-    """Per-forward state shared by all layers (masks are built lazily, once per window size)."""
+    """Per-forward state shared by all layers (gathers and masks are built lazily, once per
+    window size and dtype)."""
 
     num_tokens: int
-    decode_rows: torch.Tensor | None  # [Rd] token rows of the one-token requests
-    decode_slots: torch.Tensor | None  # [Rd * Smax] padded context slots, flattened
-    decode_lens: torch.Tensor | None  # [Rd] context lengths
-    decode_pos: torch.Tensor | None  # [Rd] query positions
-    decode_width: int
+    decode: DecodeGroup | None
     extends: list[ExtendItem]
-    decode_masks: dict[tuple[int | None, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
 
 class AttentionBackend(Protocol):
@@ -124,40 +169,26 @@ class TorchAttention:
         starts = [0]
         for e in batch.extend_lens:
             starts.append(starts[-1] + e)
-        decode_ids = [r for r, e in enumerate(batch.extend_lens) if e == 1]
         extends = [
             ExtendItem(
                 start=starts[r],
                 end=starts[r + 1],
+                prefix=batch.seq_lens[r] - e,
                 slots=batch.context_slots[r].to(device),
                 q_pos=positions[starts[r] : starts[r + 1]],
             )
             for r, e in enumerate(batch.extend_lens)
             if e > 1
         ]
-        meta = AttentionMetadata(
-            num_tokens=batch.num_tokens,
-            decode_rows=None,
-            decode_slots=None,
-            decode_lens=None,
-            decode_pos=None,
-            decode_width=0,
-            extends=extends,
-        )
+        decode_ids = [r for r, e in enumerate(batch.extend_lens) if e == 1]
+        decode = None
         if decode_ids:
-            lens = [batch.seq_lens[r] for r in decode_ids]
-            width = max(lens)
-            # Padding slots point at slot 0 (always a valid row); the mask hides them.
-            padded = torch.zeros((len(decode_ids), width), dtype=torch.int64)
-            for i, r in enumerate(decode_ids):
-                padded[i, : lens[i]] = batch.context_slots[r].to("cpu")
-            rows = torch.tensor([starts[r] for r in decode_ids], dtype=torch.int64)
-            meta.decode_rows = rows.to(device)
-            meta.decode_slots = padded.reshape(-1).to(device)
-            meta.decode_lens = torch.tensor(lens, dtype=torch.int64, device=device)
-            meta.decode_pos = positions[meta.decode_rows]
-            meta.decode_width = width
-        return meta
+            decode = DecodeGroup(
+                rows=torch.tensor([starts[r] for r in decode_ids], dtype=torch.int64).to(device),
+                contexts=[batch.context_slots[r].to("cpu") for r in decode_ids],
+                device=device,
+            )
+        return AttentionMetadata(num_tokens=batch.num_tokens, decode=decode, extends=extends)
 
     def attend(
         self,
@@ -168,15 +199,15 @@ class TorchAttention:
         window: int | None,
         scale: float,
     ) -> torch.Tensor:
-        if meta.decode_rows is not None and not meta.extends:
-            return self._decode(q, k_cache, v_cache, meta, window, scale)
+        if meta.decode is not None and not meta.extends:
+            return self._decode(q, k_cache, v_cache, meta.decode, window, scale)
         out = torch.empty_like(q)
         for item in meta.extends:
             out[item.start : item.end] = self._extend(q, k_cache, v_cache, item, window, scale)
-        if meta.decode_rows is not None:
-            q_dec = q.index_select(0, meta.decode_rows)
-            dec = self._decode(q_dec, k_cache, v_cache, meta, window, scale)
-            out.index_copy_(0, meta.decode_rows, dec)
+        if meta.decode is not None:
+            q_dec = q.index_select(0, meta.decode.rows)
+            dec = self._decode(q_dec, k_cache, v_cache, meta.decode, window, scale)
+            out.index_copy_(0, meta.decode.rows, dec)
         return out
 
     def _decode(
@@ -184,7 +215,7 @@ class TorchAttention:
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        group: DecodeGroup,
         window: int | None,
         scale: float,
     ) -> torch.Tensor:
@@ -192,22 +223,15 @@ class TorchAttention:
 
         The G query heads that share a KV head act as G "query rows" of one attention problem
         per (request, KV head), so K/V are used as gathered, never repeated per query head."""
-        assert meta.decode_slots is not None and meta.decode_lens is not None
-        assert meta.decode_pos is not None
         r, h, d = q.shape
         kv = k_cache.shape[1]
-        width = meta.decode_width
-        key = (window, q.dtype if self.kernel == "sdpa" else torch.float32)
-        mask = meta.decode_masks.get(key)
+        view = group.view(window)
+        dtype = q.dtype if self.kernel == "sdpa" else torch.float32
+        mask = view.masks.get(dtype)
         if mask is None:
-            k_pos = torch.arange(width, device=q.device)
-            ok = k_pos[None, :] < meta.decode_lens[:, None]
-            if window is not None:
-                ok &= k_pos[None, :] > meta.decode_pos[:, None] - window
-            mask = _additive(ok, key[1])[:, None, None, :]  # [R, 1, 1, W]
-            meta.decode_masks[key] = mask
-        k = k_cache.index_select(0, meta.decode_slots).view(r, width, kv, d).transpose(1, 2)
-        v = v_cache.index_select(0, meta.decode_slots).view(r, width, kv, d).transpose(1, 2)
+            mask = view.masks[dtype] = _additive(view.valid, dtype)[:, None, None, :]
+        k = k_cache.index_select(0, view.slots).view(r, view.width, kv, d).transpose(1, 2)
+        v = v_cache.index_select(0, view.slots).view(r, view.width, kv, d).transpose(1, 2)
         out = _attend_core(q.view(r, kv, h // kv, d), k, v, mask, scale, self.kernel == "sdpa")
         return out.reshape(r, h, d)
 
@@ -222,17 +246,17 @@ class TorchAttention:
     ) -> torch.Tensor:
         """One request's e new queries against its s context keys."""
         e = item.end - item.start
-        s = item.slots.shape[0]
         h, d = q.shape[1], q.shape[2]
         kv = k_cache.shape[1]
         g = h // kv
-        k = k_cache.index_select(0, item.slots).transpose(0, 1)  # [KV, s, D]
-        v = v_cache.index_select(0, item.slots).transpose(0, 1)
+        slots = item.slots[item.first_key(window) :]
+        k = k_cache.index_select(0, slots).transpose(0, 1)  # [KV, s', D]
+        v = v_cache.index_select(0, slots).transpose(0, 1)
         q_r = q[item.start : item.end]
         if self.kernel == "sdpa":
             # Heads-major 4D layout: SDPA's CPU flash kernel tiles the query dim per head, and a
-            # fresh sequence (s == e, no window) uses its built-in causal mask.
-            causal = window is None and s == e
+            # fresh sequence (no prefix, no window) uses its built-in causal mask.
+            causal = window is None and item.prefix == 0
             mask = None if causal else self._mask(item, window, q.dtype, 1)
             out = _sdpa(q_r.transpose(0, 1)[None], k[None], v[None], mask, scale, causal)
             return out[0].transpose(0, 1)
@@ -250,9 +274,10 @@ class TorchAttention:
         key = (window, dtype)
         mask = item.masks.get(key)
         if mask is None:
-            s = item.slots.shape[0]
-            ok = _allowed(item.q_pos, torch.arange(s, device=item.q_pos.device), window)
-            mask = _additive(ok, dtype).repeat(repeat, 1)
+            k_pos = torch.arange(
+                item.first_key(window), item.slots.shape[0], device=item.q_pos.device
+            )
+            mask = _additive(_allowed(item.q_pos, k_pos, window), dtype).repeat(repeat, 1)
             item.masks[key] = mask
         return mask
 
