@@ -21,6 +21,7 @@ class PageInfo:
     hits: int
     created: int
     priority: int
+    stamp: int = 0  # BlockHashCache free-queue position: when it last became/was touched free
 
 
 class ReferenceCache:
@@ -29,6 +30,7 @@ class ReferenceCache:
         self.entries: dict[Key, PageInfo] = {}
         self.locks: list[Key] = []  # one entry per outstanding lock: the locked prefix
         self.clock = 0
+        self.stamps = 0
 
     def _pages(self, tokens: tuple[int, ...], ns: Hashable | None, n: int) -> list[PageInfo]:
         p = self.page
@@ -59,7 +61,17 @@ class ReferenceCache:
         for start in range(cached, len(tokens) - len(tokens) % p, p):
             info = PageInfo(slots[start : start + p], self.clock, 1, self.clock, prio)
             self.entries[(ns, tokens[: start + p])] = info
+        self.restamp(tokens, ns, len(tokens) - len(tokens) % p)
         return cached
+
+    def restamp(self, tokens: tuple[int, ...], ns: Hashable | None, n: int) -> None:
+        """Model of the block-hash free queue: the unlocked pages of a touched or released chain
+        move to its back, deepest first."""
+        for k in reversed(range(n // self.page)):
+            key = (ns, tokens[: (k + 1) * self.page])
+            if self.lock_count(key) == 0:
+                self.stamps += 1
+                self.entries[key].stamp = self.stamps
 
     def lock_count(self, key: Key) -> int:
         ns, prefix = key

@@ -86,6 +86,7 @@ class Driver:
         assert list(res.slots) == self.ref.slots_of(toks, ns, want)
         if record:
             self.ref.touch(toks, ns, want)
+            self.ref.restamp(toks, ns, want)
         if want and len(self.handles) < 6 and self.rng.random() < 0.5:
             self.cache.lock(res.handle)
             key = (ns, toks[:want])
@@ -98,6 +99,7 @@ class Driver:
         handle, key = self.handles.pop(self.rng.randrange(len(self.handles)))
         self.cache.unlock(handle)
         self.ref.locks.remove(key)
+        self.ref.restamp(key[1], key[0], len(key[1]))
 
     def do_evict(self) -> None:
         num = self.rng.choice([1, 1, 1, 1, self.page, 5, 40])
@@ -117,6 +119,8 @@ class Driver:
             assert ref.lock_count(key) == 0, f"evicted a locked prefix {key}"
         if num == 1 and pages:
             self.check_single_leaf(pages, candidates)
+        if not self.check_order:
+            self.check_free_queue_order(pages)
         for key in pages:
             del ref.entries[key]
         for ns, prefix in ref.entries:
@@ -140,6 +144,14 @@ class Driver:
             assert len(leaf_keys) == 1, "pages of one leaf disagree on their policy key"
             best = min(key_of(self.ref.entries[k]) for k in candidates)
             assert leaf_keys == {best}, f"evicted key {leaf_keys} but minimum was {best}"
+
+    def check_free_queue_order(self, pages: list[Any]) -> None:
+        """BlockHashCache evicts one block at a time, always the front of its free queue."""
+        ref = self.ref
+        free = {k: info.stamp for k, info in ref.entries.items() if ref.lock_count(k) == 0}
+        for key in pages:
+            assert free[key] == min(free.values()), "evicted out of free-queue order"
+            del free[key]
 
     def compare_state(self) -> None:
         cache, ref = self.cache, self.ref
