@@ -221,3 +221,23 @@ def test_smoke_real_mooncake_head(tmp_path: Path) -> None:
     for res in rep.results:
         assert 0 < res.hit_tokens <= rep.ideal.hit_tokens
         assert res.final_size <= (res.capacity or 0)
+
+
+def test_blockhash_command_defaults_to_lru(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": i, "input_length": 512 * (i + 1), "hash_ids": list(range(i + 1))}
+        for i in range(4)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    out = tmp_path / "r.json"
+    argv = ["replay", str(trace), "--cache", "blockhash", "--page-size", "256", "--json", str(out)]
+    args = parser.parse_args([*argv, "--capacity-tokens", "1024", "--no-progress"])
+    assert args.func(args) == 0
+    rep = json.loads(out.read_text())["traces"][0]
+    assert rep["cache"] == "blockhash" and rep["page_size"] == 256
+    assert [r["policy"] for r in rep["results"]] == ["lru"]
+    # Each request extends the previous one: the ideal hits 512 * (0 + 1 + 2 + 3) tokens.
+    assert rep["ideal"]["hit_tokens"] == 3072

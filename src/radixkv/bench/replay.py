@@ -129,6 +129,12 @@ def make_factory(kind: str, page_size: int, policy: str) -> CacheFactory:
     return lambda: make_cache(kind, page_size, policy)
 
 
+def check_combinations(kind: str, page_size: int, policies: Sequence[str]) -> None:
+    """Raise ValueError, before any long run, if the cache rejects a (page size, policy)."""
+    for pol in policies:
+        make_factory(kind, page_size, pol)()
+
+
 def default_capacities(footprint: int, page_size: int) -> list[int]:
     """Capacities at fixed fractions of the ideal footprint, 2 significant digits, ≥ 1 page."""
     caps = []
@@ -174,6 +180,7 @@ def replay_grid(
     """The ideal run, then one run per (capacity, policy). `page_size` defaults to the trace's
     block size; `capacities` default to fractions of the ideal footprint."""
     page = page_size or (requests[0].block_size if requests else 1)
+    check_combinations(cache_kind, page, policies)
     ideal = replay(requests, make_factory(cache_kind, page, "lru"), None, progress=progress)
     report = TraceReport(path, trace_summary(requests), cache_kind, page, ideal)
     caps = list(capacities) if capacities else default_capacities(ideal.final_size, page)
@@ -258,9 +265,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--policy",
         nargs="+",
         choices=POLICIES,
-        default=list(DEFAULT_POLICIES),
         metavar="POLICY",
-        help=f"eviction policies, of {', '.join(POLICIES)}; default: %(default)s",
+        help=f"eviction policies, of {', '.join(POLICIES)}; default: "
+        f"{' '.join(DEFAULT_POLICIES)} (radix), lru (blockhash supports only lru)",
     )
     p.add_argument(
         "--cache", choices=("radix", "blockhash"), default="radix", help="default: %(default)s"
@@ -313,13 +320,20 @@ def run(args: argparse.Namespace) -> int:
             requests = requests[: args.limit]
         load_s = time.perf_counter() - t0
         print(f"loaded {path}: {len(requests)} requests in {load_s:.1f} s", file=sys.stderr)
+        page = args.page_size or (requests[0].block_size if requests else 1)
+        policies = args.policy or (DEFAULT_POLICIES if args.cache == "radix" else ("lru",))
+        try:
+            check_combinations(args.cache, page, policies)
+        except ValueError as exc:  # e.g. a policy the chosen cache does not support
+            print(f"radixkv replay: {exc}", file=sys.stderr)
+            return 2
         report = replay_grid(
             path,
             requests,
             cache_kind=args.cache,
-            page_size=args.page_size,
+            page_size=page,
             capacities=args.capacity_tokens,
-            policies=args.policy,
+            policies=policies,
             progress=not args.no_progress,
         )
         reports.append(report)
