@@ -48,7 +48,17 @@ def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
 
 class RadixCache:
     """Radix-tree prefix cache; see the module docstring for invariants and DESIGN.md for the
-    contract. Accepts tokens as numpy int arrays (fastest), lists or tuples of ints."""
+    contract.
+
+    Tokens may be numpy int arrays (fastest: one memcpy into the key), lists or tuples of ints.
+    Every slot array returned (by `match`, `evict`, `reset`) is a fresh int64 array the caller
+    owns. Handles belong to the cache that issued them; a handle whose node was evicted (never
+    while locked) or dropped by `reset` is stale and `lock`/`unlock` raise ValueError on it.
+
+    Policy bookkeeping: one logical clock tick per recorded match and per insert; every node on
+    the touched path gets `last_access = tick` and `hits += 1` (a new node starts at one hit);
+    `created` is the tick of the insert that first stored the tokens (splits inherit it).
+    """
 
     def __init__(self, page_size: int = 1, policy: str | EvictionPolicy = "lru") -> None:
         if page_size < 1:
