@@ -225,3 +225,18 @@ def test_returned_arrays_are_owned_and_writable(cls: Any) -> None:
         assert arr.flags.writeable and arr.dtype == np.int64
     cache.insert([1, 2], [0, 1])
     assert cache.reset().flags.writeable
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_emptied_namespaces_are_forgotten(cls: Any) -> None:
+    cache = cls(page_size=2)
+    assert cache.insert([1], [0], namespace="short") == 0  # less than a page: nothing stored
+    for i in range(50):
+        cache.insert([i, i], [2 * i, 2 * i + 1], namespace=("session", i))
+    assert len(cache._roots) == 50
+    cache.evict(10**6)
+    assert not cache._roots
+    cache.check_integrity()
+    cache.insert([1, 1], [0, 1], namespace=("session", 1))  # a fresh root, no stale keys
+    assert cache.match([1, 1], namespace=("session", 1)).slots.tolist() == [0, 1]
+    cache.check_integrity()

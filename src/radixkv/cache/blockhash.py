@@ -88,7 +88,8 @@ class BlockHashCache:
         self.policy = policy
         self._page_bytes = page_size * TOKEN_BYTES
         self._ids = itertools.count()
-        self._roots: dict[Hashable | None, int] = {}
+        self._roots: dict[Hashable | None, int] = {}  # namespace -> root id, while it has blocks
+        self._first_blocks: dict[int, int] = {}  # root id -> cached blocks chained to it
         self._blocks: dict[tuple[int, bytes], Block] = {}
         # block_id -> block for every unreferenced block, least recently used first.
         self._free: OrderedDict[int, Block] = OrderedDict()
@@ -162,13 +163,16 @@ class BlockHashCache:
         n = len(q) // TOKEN_BYTES
         s = slot_array(slots, n)
         self._stats.insert_calls += 1
-        root_id = self._roots.get(namespace)
-        if root_id is None:
-            root_id = self._roots[namespace] = next(self._ids)
-        chain, pos = self._chain(q, root_id)
-        cached = pos // TOKEN_BYTES
         pb, page = self._page_bytes, self.page_size
         end = len(q) - len(q) % pb
+        root_id = self._roots.get(namespace)
+        if root_id is None:
+            if not end:
+                return 0
+            root_id = self._roots[namespace] = next(self._ids)
+            self._first_blocks[root_id] = 0
+        chain, pos = self._chain(q, root_id)
+        cached = pos // TOKEN_BYTES
         parent = chain[-1] if chain else None
         first_new = len(chain)
         # One private copy for all new blocks; each block holds a read-only view of its page.
@@ -182,6 +186,8 @@ class BlockHashCache:
             block.priority = priority
             if parent is not None:
                 parent.num_children += 1
+            else:
+                self._first_blocks[root_id] += 1
             blocks[key] = block
             free[block.block_id] = block
             chain.append(block)
@@ -236,12 +242,22 @@ class BlockHashCache:
             del self._blocks[block.key]
             if block.parent is not None:
                 block.parent.num_children -= 1
+            else:
+                self._drop_first_block(block)
             block.alive = False
             block.parent = None
             freed.append(block.slots)
             count += self.page_size
         self._stats.evicted_tokens += count
         return concat_slots(freed)
+
+    def _drop_first_block(self, block: Block) -> None:
+        """A namespace whose last first-block goes is forgotten (it keeps nothing alive)."""
+        root_id = block.key[0]
+        self._first_blocks[root_id] -= 1
+        if not self._first_blocks[root_id]:
+            del self._first_blocks[root_id]
+            del self._roots[block.namespace]
 
     @property
     def evictable_size(self) -> int:
@@ -274,6 +290,7 @@ class BlockHashCache:
         self._blocks.clear()
         self._free.clear()
         self._roots.clear()
+        self._first_blocks.clear()
         return concat_slots(parts)
 
     def check_integrity(self) -> None:

@@ -15,6 +15,7 @@ from radixkv.cache.keys import TOKEN_BYTES
 if TYPE_CHECKING:
     from radixkv.cache.blockhash import BlockHashCache
     from radixkv.cache.radix import RadixCache
+    from radixkv.cache.radix_node import Node
 
 
 def _fail(msg: str) -> NoReturn:
@@ -41,10 +42,12 @@ def check_radix(cache: RadixCache) -> None:
     for ns, root in cache._roots.items():
         if root.parent is not None or root.key or root.ntok or root.lock or root.entry:
             _fail(f"root of namespace {ns!r} is not a bare root")
+        if root.namespace != ns or not root.children:
+            _fail(f"root of namespace {ns!r} is mislabelled or empty")
         if id(root) in seen:
             _fail(f"namespaces {seen[id(root)]!r} and {ns!r} share a root")
         seen[id(root)] = ns
-        stack = [root]
+        stack: list[Node] = [root]
         while stack:
             node = stack.pop()
             for first, child in node.children.items():
@@ -152,6 +155,12 @@ def check_blockhash(cache: BlockHashCache) -> None:
         else:
             evictable += page
         parts.append(block.slots)
+    firsts: dict[int, int] = {}
+    for block in cache._blocks.values():
+        if block.parent is None:
+            firsts[block.key[0]] = firsts.get(block.key[0], 0) + 1
+    if firsts != cache._first_blocks or set(firsts) != root_ids:
+        _fail("namespace roots and their first-block counts disagree (or an empty root is kept)")
     for block in cache._blocks.values():
         if block.num_children != children.get(block.block_id, 0):
             _fail(f"block {block.block_id} child count {block.num_children} is wrong")

@@ -21,7 +21,6 @@ from typing import Any
 
 from radixkv.cache.base import CacheStats, MatchResult, SlotArray
 from radixkv.cache.keys import (
-    EMPTY_SLOTS,
     TOKEN_BYTES,
     StatsLedger,
     concat_slots,
@@ -31,7 +30,7 @@ from radixkv.cache.keys import (
 )
 from radixkv.cache.leafqueue import LeafQueue
 from radixkv.cache.policy import EvictionPolicy, make_policy
-from radixkv.cache.radix_node import Node, common_pages
+from radixkv.cache.radix_node import Node, Root, common_pages
 
 
 def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
@@ -66,7 +65,7 @@ class RadixCache:
         self.page_size = page_size
         self.policy = make_policy(policy)
         self._page_bytes = page_size * TOKEN_BYTES
-        self._roots: dict[Hashable | None, Node] = {}
+        self._roots: dict[Hashable | None, Root] = {}
         self._leaves = LeafQueue(self.policy)
         self._clock = 0
         self._evictable = 0
@@ -181,9 +180,12 @@ class RadixCache:
         s = slot_array(slots, n)
         stats = self._stats
         stats.insert_calls += 1
+        end = len(q) - len(q) % self._page_bytes
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(b"", EMPTY_SLOTS, None, self._clock)
+            if not end:
+                return 0
+            root = self._roots[namespace] = Root(namespace, self._clock)
         path, pos = self._walk(root, q)
         self._clock += 1
         clock = self._clock
@@ -192,7 +194,6 @@ class RadixCache:
             node.hits += 1
             if priority > node.priority:
                 node.priority = priority
-        end = len(q) - len(q) % self._page_bytes
         parent = path[-1] if path else root
         if pos < end:
             start_tok, end_tok = pos // TOKEN_BYTES, end // TOKEN_BYTES
@@ -268,8 +269,13 @@ class RadixCache:
             node.alive = False
             freed.append(node.slots)
             count += node.ntok
-            if parent.parent is not None and not parent.children and parent.lock == 0:
-                leaves.push(parent)
+            if parent.children:
+                continue
+            if parent.parent is not None:
+                if parent.lock == 0:
+                    leaves.push(parent)
+            elif isinstance(parent, Root):  # an emptied namespace keeps nothing alive
+                del self._roots[parent.namespace]
         self._evictable -= count
         self._stats.evicted_tokens += count
         return concat_slots(freed)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from radixkv.cache.base import SlotArray
-from radixkv.cache.keys import TOKEN_BYTES
+from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES
 from radixkv.cache.leafqueue import Entry
 
 
@@ -61,3 +63,14 @@ class Node:
         self.priority = 0
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
+
+
+class Root(Node):
+    """The root of one namespace: an empty edge, never locked, never a leaf candidate. It exists
+    only while the namespace caches something (evicting its last child drops it)."""
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: Hashable | None, clock: int) -> None:
+        super().__init__(b"", EMPTY_SLOTS, None, clock)
+        self.namespace = namespace
