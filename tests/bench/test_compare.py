@@ -59,7 +59,9 @@ def test_outputs_and_report(tmp_path: Path) -> None:
         summary, reqs = fake_summary(ttft, 5, cached, wall=1.0)
         flags = list(compare.CONFIGS[name])
         runs[name] = {"summary": summary, "requests": reqs, "model": "m",
-                      "server": {"kind": "radixkv", "flags": flags}}  # fmt: skip
+                      "server": {"kind": "radixkv", "flags": flags},
+                      "flushed_after_warmup": True,
+                      "load": {"request_rate": None, "concurrency": 3, "warmup": 2}}  # fmt: skip
     result = {
         "created": "2026-01-01T00:00:00Z",
         "command": "radixkv bench compare --model default --workload shared-prefix",
@@ -86,6 +88,9 @@ def test_outputs_and_report(tmp_path: Path) -> None:
     assert "radixkv bench compare --model default --workload shared-prefix" in text
     assert "radixkv bench report --from x.json" in text
     assert "| TTFT mean ÷ off" in text and "0.25×" in text
+    assert "**radix** vs cache off: mean TTFT 0.20 s → 0.05 s (0.25×)" in text
+    assert "output throughput 1.00×, token hit rate 75.0% (ideal 75.0%)" in text
+    assert "at most 3 in flight; 2 unrelated warm-up requests first, then the server" in text
     assert "--disable-radix-cache" in text and str(result["machine"]["cpu"]) in text
     img = md.parent / "benchmarks" / "0-shared-prefix-ttft_cdf.png"
     assert "(benchmarks/0-shared-prefix-ttft_cdf.png)" in text and img.read_bytes()[:8] == PNG_MAGIC

@@ -55,6 +55,8 @@ def machine_info() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
     }
+    if hasattr(os, "getloadavg"):
+        info["loadavg"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     try:
         import torch
 

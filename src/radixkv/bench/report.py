@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from radixkv.bench.compare import add_compare_args, draw_ttft_cdf, run_compare, write_outputs
-from radixkv.bench.compare_table import markdown_table
+from radixkv.bench.compare_table import BASELINE, markdown_table
 from radixkv.bench.server_proc import CONFIG_HELP
 from radixkv.bench.workload_cli import workloads_help
 
@@ -66,12 +66,59 @@ def _columns(runs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def headline(result: dict[str, Any]) -> str | None:
+    """One sentence: the run with the lowest mean TTFT, against `off` (None without both)."""
+    runs = {n: r["summary"] for n, r in result["runs"].items() if r["summary"]["completed"]}
+    off = runs.get(BASELINE)
+    timed = {n: s for n, s in runs.items() if n != BASELINE and s["ttft_s"]["mean"] is not None}
+    if off is None or not timed or not off["ttft_s"]["mean"] or not off["output_tok_per_s"]:
+        return None
+    name, best = min(timed.items(), key=lambda kv: kv[1]["ttft_s"]["mean"])
+    hit, ideal = best["token_hit_rate"], best["ideal_hit_rate"]
+    return (
+        f"**{name}** vs cache off: mean TTFT {off['ttft_s']['mean']:.2f} s → "
+        f"{best['ttft_s']['mean']:.2f} s ({best['ttft_s']['mean'] / off['ttft_s']['mean']:.2f}×), "
+        f"output throughput {best['output_tok_per_s'] / off['output_tok_per_s']:.2f}×"
+        + (f", token hit rate {hit:.1%} (ideal {ideal:.1%})" if hit is not None and ideal else "")
+        + "."
+    )
+
+
+def _load_line(result: dict[str, Any]) -> str | None:
+    load = next((r.get("load") for r in result["runs"].values() if r.get("load")), None)
+    if not load:
+        return None
+    if load.get("use_arrival_times"):
+        shape = "the trace's own arrival times (scaled)"
+    elif load.get("request_rate") is not None:
+        shape = f"Poisson arrivals at {load['request_rate']} requests/s"
+    else:
+        shape = "all requests offered at once"
+    if load.get("concurrency"):
+        shape += f", at most {load['concurrency']} in flight"
+    flushed = all(r.get("flushed_after_warmup") for r in result["runs"].values())
+    then = ", then the server's prefix cache flushed" if flushed else ""
+    return f"Load: {shape}; {load.get('warmup', 0)} unrelated warm-up requests first{then}."
+
+
 def section(result: dict[str, Any], md_dir: Path, asset_dir: Path, tag: str) -> list[str]:
     """Markdown lines for one compare result; its PNGs are copied into `asset_dir`."""
     wl = result["workload"]
-    lines = [f"## {wl['name']}", ""]
-    lines += [f"Run {result['created']} on: {_machine_line(result['machine'])}.", ""]
+    trace = wl["params"].get("trace")
+    lines = [f"## {wl['name']}" + (f": {Path(trace).name}" if trace else ""), ""]
+    if (line := headline(result)) is not None:
+        lines += [line, ""]
+    machine = result["machine"]
+    lines += [f"Run {result['created']} on: {_machine_line(machine)}.", ""]
+    if machine.get("loadavg"):
+        lines += [
+            f"Machine load average at the start (1/5/15 min): {machine['loadavg']} — on a "
+            "shared machine, compare columns within a table rather than across runs.",
+            "",
+        ]
     lines += [f"Workload: {_params_line(wl)}.", ""]
+    if (line := _load_line(result)) is not None:
+        lines += [line, ""]
     lines += ["Columns:", "", *_columns(result["runs"]), ""]
     lines += [markdown_table({n: r["summary"] for n, r in result["runs"].items()}), ""]
     lines += [

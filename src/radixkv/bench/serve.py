@@ -142,10 +142,18 @@ def run_workload(
 
     name, run, flushed = asyncio.run(go())
     summary = summarize(run.results, run.wall_s, workload.ideal_hit_rate(), run.not_sent)
+    opts = client_options(args, base_url, name, workload)
     return {
         "base_url": base_url,
         "model": name,
         "flushed_after_warmup": flushed,
+        "load": {
+            "request_rate": None if math.isinf(opts.request_rate) else opts.request_rate,
+            "concurrency": opts.concurrency,
+            "use_arrival_times": opts.use_arrival_times,
+            "duration_limit": opts.duration_limit,
+            "warmup": args.warmup,
+        },
         "workload": workload.describe(),
         "summary": summary,
         "requests": [r.to_dict() for r in run.results],
