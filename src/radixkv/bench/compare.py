@@ -9,6 +9,7 @@ same seeded workload (byte-identical prompts), the same warm-up and the same loa
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -57,13 +58,13 @@ def machine_info() -> dict[str, Any]:
     }
     if hasattr(os, "getloadavg"):
         info["loadavg"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
+    try:  # the version without importing torch (slow); the GPU only if torch is loaded
+        info["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
         info["torch"] = None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        info["cuda"] = torch.cuda.get_device_name(0)
     return info
 
 
