@@ -125,3 +125,12 @@ def test_stream_yields_tokens_incrementally_and_abort_on_close() -> None:
     it.close()  # the consumer went away: the request is aborted and its memory returned
     assert not eng.scheduler.running and not eng.scheduler.waiting
     eng.check_memory()
+
+
+def test_generate_with_one_bad_prompt_adds_nothing() -> None:
+    eng = make_engine()
+    with pytest.raises(RequestError):
+        eng.generate([[1, 2, 3], [1, 999]], GREEDY)
+    assert not eng.has_unfinished() and eng.step() == []
+    eng.check_memory()
+    assert eng.allocator.free_slots == eng.allocator.num_slots

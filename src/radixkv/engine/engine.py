@@ -238,6 +238,9 @@ class Engine:
         except RequestError:
             for r in reqs:
                 self.abort(r.request_id)
+            # Nobody else knows these ids: drop their abort deltas instead of emitting them.
+            gone = {r.request_id for r in reqs}
+            self._pending = [d for d in self._pending if d.request_id not in gone]
             raise
         mine = {r.request_id for r in reqs}
         while any(not r.finished for r in reqs):
