@@ -4,6 +4,7 @@ auth, metrics. (The same behaviours are exercised end-to-end on the real engine 
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import httpx
@@ -46,6 +47,25 @@ def test_disconnecting_streams_are_aborted() -> None:
             if s.labels.get("reason") == "abort" and s.name.endswith("_total")
         ]
         assert aborted == [8.0]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_hang_up_right_after_sending(stream: bool) -> None:
+    """Clients that close the socket before reading a byte: every request is still aborted."""
+    eng = FakeEngine(EngineConfig(num_slots=1 << 16, max_model_len=4096), step_delay=0.005)
+    with live_server(eng) as srv:
+        payload = json.dumps({"prompt": "bye", "max_tokens": 3000, "stream": stream}).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        for _ in range(6):
+            with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+                sock.sendall(head + payload)
+                time.sleep(0.05)  # let the server accept it, then vanish without reading
+        stats = _wait_idle(srv)
+        assert stats["memory_check"] == "ok"
+        assert eng.generated < 3000 and eng.finished == 6
 
 
 def test_non_stream_client_timeout_aborts() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -112,6 +113,9 @@ async def _generate(
             gen.sse(),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            # Runs even if the client left before the body iterator started (then sse()'s own
+            # `finally` never runs): the request is still aborted and accounted.
+            background=BackgroundTask(gen.finish),
         )
     return JSONResponse(await gen.collect(request))
 

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -176,11 +177,16 @@ class AsyncEngine:
                 if not self._drain(block=not busy):
                     return
                 if self.engine.has_unfinished():
+                    t0 = time.perf_counter()
                     deltas = self.engine.step()
                     self.steps += 1
                     self.last_metrics = self.engine.metrics()
                     if deltas:
                         self._post(self._dispatch, deltas)
+                    elif time.perf_counter() - t0 < 1e-3:
+                        # Work queued but nothing could run (an empty step): yield the CPU and
+                        # the GIL briefly instead of spinning against the event loop.
+                        time.sleep(1e-3)
         except Exception as exc:  # the engine is broken; fail everyone, keep the server up
             log.exception("engine loop crashed")
             self.fatal_error = f"{type(exc).__name__}: {exc}"
