@@ -55,6 +55,9 @@ class FakeServer:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "fake-model", "object": "model"}]})
 
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "fake-1.0"})
+
     async def flush(self, request: web.Request) -> web.Response:
         self.flushes += 1
         return web.json_response({"ok": True})
@@ -63,6 +66,7 @@ class FakeServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/version", self.version)
         app.router.add_post("/flush_cache", self.flush)
         self._runner = web.AppRunner(app)
         await self._runner.setup()

@@ -121,7 +121,8 @@ def test_compare_runs_an_extra_openai_server(tmp_path: Path) -> None:
         assert all(second["arrive"] >= first["done"] for first, second in by_conv.values())
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     run = result["runs"]["fake"]
-    assert run["server"] == {"kind": "extra", "url": fake.url} and run["model"] == "fake-model"
+    assert run["server"] == {"kind": "extra", "url": fake.url, "version": "fake-1.0"}
+    assert run["model"] == "fake-model"
     assert run["summary"]["completed"] == 4 and run["summary"]["token_hit_rate"] == 0.5
     assert re.search(r"\|\s*fake\s*\|", (tmp_path / "cmp" / "compare.md").read_text())
 

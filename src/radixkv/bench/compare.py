@@ -84,14 +84,16 @@ def _config_flags(name: str, server_args: list[str]) -> list[str]:
     return flags + server_args  # later flags win: --server-args can override any of the above
 
 
-def _cache_stats(url: str) -> dict[str, Any] | None:
+def _get_json(url: str) -> dict[str, Any] | None:
+    """GET a JSON object, best effort (None on any failure)."""
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url + "/cache/stats", timeout=10) as r:
-            return dict(json.loads(r.read()))
+        with urllib.request.urlopen(url, timeout=10) as r:
+            obj = json.loads(r.read())
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
 
 
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,14 +115,17 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             server_model, flags, out / f"server-{name}.log", args.startup_timeout
         ) as srv:
             res = run_workload(args, srv.url, None, workload, tokens)
-            res["cache_stats"] = _cache_stats(srv.url)
+            res["cache_stats"] = _get_json(srv.url + "/cache/stats")
             res["server"] = {"kind": "radixkv", "flags": flags, "startup_s": srv.startup_s}
         runs[name] = res
     for spec in args.extra or []:
         name, _, url = spec.partition("=")
         print(f"[{name}] running against {url}", file=sys.stderr)
         res = run_workload(args, url, None, workload, tokens)
+        version = _get_json(url.rstrip("/") + "/version")  # vLLM and SGLang answer this
         res["server"] = {"kind": "extra", "url": url}
+        if version and version.get("version"):
+            res["server"]["version"] = str(version["version"])
         runs[name] = res
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -60,8 +60,9 @@ def _columns(runs: dict[str, Any]) -> list[str]:
             what = CONFIG_HELP.get(name, "")
             lines.append(f"- **{name}**: {what}; server flags `{' '.join(srv.get('flags', []))}`")
         else:
+            ver = f", version {srv['version']}" if srv.get("version") else ""
             lines.append(
-                f"- **{name}**: external server at {srv.get('url')} (model {run['model']})"
+                f"- **{name}**: external server at {srv.get('url')} (model {run['model']}{ver})"
             )
     return lines
 
