@@ -180,3 +180,19 @@ def test_metrics_parse_and_track_requests() -> None:
         http = "radixkv_http_requests_total"
         assert value("radixkv_http_requests", http, route="/v1/completions", status="200") == 2
         assert value("radixkv_http_requests", http, route="/v1/completions", status="400") == 1
+
+
+def test_event_loop_not_blocked_by_engine_steps() -> None:
+    eng = FakeEngine(step_delay=0.3)  # every forward step takes 300 ms
+    with live_server(eng) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        body = {"prompt": "slow", "max_tokens": 4, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            next(lines)  # the engine is now mid-generation
+            worst = 0.0
+            for _ in range(10):
+                t0 = time.perf_counter()
+                assert client.get("/health").status_code == 200
+                worst = max(worst, time.perf_counter() - t0)
+            assert worst < 0.15, worst  # a blocked loop would wait out a 300 ms step
+            assert [ln for ln in lines if ln][-1] == "data: [DONE]"
