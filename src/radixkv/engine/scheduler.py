@@ -53,6 +53,7 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
 class Scheduler:
     decode_reserve_tokens = 32  # per running request, kept free at admission
     lpm_scan_limit = 64  # waiting requests ranked per step under lpm
+    admit_scan_limit = 64  # waiting requests considered for admission per step
     defer_min_gain = 16  # tokens a waiting request must gain to wait for an in-flight prefill
 
     def __init__(self, config: EngineConfig, kv: KVManager) -> None:
@@ -181,7 +182,8 @@ class Scheduler:
 
     def _admit(self, budget: int) -> list[Request]:
         admitted: list[Request] = []
-        for req in self._waiting_order():
+        # Bounded scan: per-step admission cost must not grow with the queue length.
+        for req in self._waiting_order()[: self.admit_scan_limit]:
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             if self._should_defer(req):
