@@ -134,3 +134,11 @@ def test_generate_with_one_bad_prompt_adds_nothing() -> None:
     assert not eng.has_unfinished() and eng.step() == []
     eng.check_memory()
     assert eng.allocator.free_slots == eng.allocator.num_slots
+
+
+def test_hit_rate_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    eng = make_engine()
+    eng.log_interval_s = 0.0
+    with caplog.at_level("INFO", logger="radixkv.engine.engine"):
+        eng.generate([[1, 2, 3, 4, 5]] * 2, GREEDY)
+    assert any("token hit rate" in r.getMessage() for r in caplog.records)

@@ -164,6 +164,10 @@ class Engine:
         deltas, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.empty:
+            if self.scheduler.waiting and not self.scheduler.running:
+                # Unreachable while admission checks hold (every queued request fits the
+                # whole pool); fail loudly rather than let generate() spin forever.
+                raise RuntimeError("scheduler stalled: nothing running and nothing admissible")
             return deltas
         logits = self.runner.forward(sched)
         self.scheduler.after_forward(sched)
