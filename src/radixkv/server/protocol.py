@@ -73,6 +73,8 @@ class _Common(BaseModel):
     n: int = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
     # Extensions (sent by OpenAI clients through `extra_body`).
     cache_salt: str | None = Field(default=None, max_length=256)
     priority: int = 0
@@ -88,6 +90,14 @@ class _Common(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0.0):
                 raise APIError(f"{name} is not supported", param=name, code="unsupported_parameter")
+        if self.logit_bias:
+            raise APIError("logit_bias is not supported", param="logit_bias", code="unsupported")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise APIError(
+                "only response_format type 'text' is supported",
+                param="response_format",
+                code="unsupported",
+            )
         for tid in self.stop_token_ids or ():
             if not 0 <= tid < vocab_size:
                 raise APIError(
