@@ -96,3 +96,28 @@ def test_parse_body_names_the_field() -> None:
     assert exc.value.param == "stop"
     req = parse_body(CompletionRequest, b'{"prompt": ["only one"], "unknown_field": 1}')
     assert req.prompt_text_or_ids() == "only one"
+
+
+def test_engine_bug_in_add_is_a_500_not_a_dead_loop() -> None:
+    class Buggy(FakeEngine):
+        def add_request(self, prompt_ids, sampling, request_id=None, options=None):  # type: ignore[no-untyped-def, override]
+            if prompt_ids == [13]:
+                raise TypeError("boom")
+            return super().add_request(
+                prompt_ids, sampling, request_id, options or RequestOptions()
+            )
+
+    async def scenario() -> None:
+        ae = AsyncEngine(Buggy())
+        ae.start()
+        try:
+            with pytest.raises(RequestError) as exc:
+                await ae.submit("a", [13], SamplingParams(max_tokens=1), RequestOptions())
+            assert exc.value.code == 500 and "boom" in str(exc.value)
+            assert ae.alive and ae.inflight == 0
+            ok = await ae.submit("b", [5], SamplingParams(max_tokens=1), RequestOptions())
+            assert (await ok.get()).finished
+        finally:
+            await ae.stop()
+
+    asyncio.run(scenario())

@@ -213,6 +213,10 @@ class AsyncEngine:
                 self.engine.add_request(cmd.prompt_ids, cmd.sampling, cmd.request_id, cmd.options)
             except RequestError as exc:
                 self._post(_settle, cmd.accepted, exc)
+            except Exception as exc:  # an engine bug on one input must not stop the loop
+                log.exception("add_request failed")
+                err = RequestError(f"could not add the request: {type(exc).__name__}: {exc}", 500)
+                self._post(_settle, cmd.accepted, err)
             else:
                 self._post(_settle, cmd.accepted, None)
         elif isinstance(cmd, _Abort):

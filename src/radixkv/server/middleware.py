@@ -30,6 +30,8 @@ def request_error(exc: RequestError) -> APIError:
         return overloaded(str(exc))
     if exc.code == 413:  # longer than the context or the pool: OpenAI reports a 400
         return APIError(str(exc), 400, param=exc.param or "prompt", code="context_length_exceeded")
+    if exc.code >= 500:
+        return APIError(str(exc), exc.code, type="server_error", param=exc.param)
     return APIError(str(exc), exc.code, param=exc.param, code="invalid_value")
 
 
