@@ -16,6 +16,9 @@ from radixkv.engine.types import SamplingParams
 
 SP = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
+# Builds checkpoints and runs transformers: a few seconds each (CI still runs them).
+pytestmark = pytest.mark.slow
+
 
 def _workload(seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
