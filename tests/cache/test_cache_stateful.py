@@ -20,7 +20,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixkv.cache import BlockHashCache, RadixCache, available_policies
 
 NAMESPACES: list[Hashable | None] = [None, "lora-1", 7]
-tokens_st = st.lists(st.integers(0, 2), max_size=20)
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -33,6 +32,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.next_slot = 0
         self.issued: set[int] = set()
         self.returned: list[int] = []  # freed via evict/reset, duplicates, partial tails
+        # slot -> (namespace, token prefix ending at it), for every slot a cache adopted
+        self.slot_owner: dict[int, tuple[Hashable | None, tuple[int, ...]]] = {}
         self.seqs: list[tuple[list[int], Hashable | None]] = [([], None)]
         # (handle, tokens, namespace, matched slots) for each outstanding lock
         self.locked: list[tuple[Any, list[int], Hashable | None, list[int]]] = []
@@ -44,31 +45,55 @@ class CacheMachine(RuleBasedStateMachine):
         return out
 
     def query(self, data: st.DataObject) -> tuple[list[int], Hashable | None]:
-        base, ns = data.draw(st.sampled_from(self.seqs[-20:]))
-        cut = data.draw(st.integers(0, len(base)))
-        ns = data.draw(st.sampled_from([ns, *NAMESPACES]))
-        return base[:cut] + data.draw(tokens_st), ns
+        """Mostly an extension of a recent sequence in its own namespace (so matches hit and
+        locks overlap); sometimes a cut, or the same tokens in another namespace."""
+        base, ns = data.draw(st.sampled_from(self.seqs[::-1][:8]))
+        if data.draw(st.sampled_from(["keep", "keep", "keep", "cut"])) == "cut":
+            base = base[: data.draw(st.integers(0, len(base)))]
+        if data.draw(st.sampled_from(["keep", "keep", "keep", "move"])) == "move":
+            ns = data.draw(st.sampled_from(NAMESPACES))
+        return base + self.extension(data), ns
 
-    def account_insert(self, slots: list[int], got: int, own: int) -> None:
-        """The caller frees slots[own:got] (recomputed duplicates) and the partial tail."""
+    def extension(self, data: st.DataObject) -> list[int]:
+        return data.draw(
+            st.lists(st.integers(0, 2), min_size=self.page, max_size=2 * self.page + 3)
+        )
+
+    def account_insert(
+        self, toks: list[int], ns: Hashable | None, slots: list[int], got: int, own: int
+    ) -> None:
+        """The caller frees slots[own:got] (recomputed duplicates) and the partial tail; the
+        cache adopts slots[got:floor], each for the token prefix that ends at it."""
         floor = len(slots) - len(slots) % self.page
         assert got % self.page == 0 and own <= got <= floor
+        for i in range(got, floor):
+            self.slot_owner[slots[i]] = (ns, tuple(toks[: i + 1]))
         self.returned.extend(slots[own:got])
         self.returned.extend(slots[floor:])
 
     @rule(data=st.data(), priority=st.integers(0, 2))
     def insert(self, data: st.DataObject, priority: int) -> None:
+        self.do_insert(data, priority)
+
+    @rule(data=st.data())
+    def insert_more(self, data: st.DataObject) -> None:
+        """A second insert rule: inserts are the only growth, so they get twice the weight."""
+        self.do_insert(data, 0)
+
+    def do_insert(self, data: st.DataObject, priority: int) -> None:
         toks, ns = self.query(data)
         slots = self.fresh(len(toks))
         got = self.cache.insert(np.array(toks, dtype=np.int64), slots, ns, priority=priority)
-        self.account_insert(slots, got, 0)
+        self.account_insert(toks, ns, slots, got, 0)
         self.seqs.append((toks, ns))
 
-    @rule(data=st.data(), record=st.booleans(), lock=st.booleans())
+    @rule(data=st.data(), record=st.booleans(), lock=st.sampled_from([True, True, False]))
     def match(self, data: st.DataObject, record: bool, lock: bool) -> None:
         toks, ns = self.query(data)
         res = self.cache.match(toks, ns, record=record)
         assert res.length % self.page == 0 and len(res.slots) == res.length
+        for i, slot in enumerate(res.slots.tolist()):  # each slot holds exactly its token's KV
+            assert self.slot_owner[slot] == (ns, tuple(toks[: i + 1]))
         again = self.cache.match(toks, ns, record=False)
         assert list(again.slots) == list(res.slots), "a peek changed the answer"
         if lock and res.length:
@@ -81,14 +106,22 @@ class CacheMachine(RuleBasedStateMachine):
         """The engine's pattern: extend a locked match, insert with the tree's own slots for the
         matched range plus fresh ones, check the tree kept its slots, then unlock."""
         handle, toks, ns, own = self.locked.pop(data.draw(st.integers(0, len(self.locked) - 1)))
-        full = toks + data.draw(tokens_st)
+        full = toks + self.extension(data)
         slots = own + self.fresh(len(full) - len(own))
         got = self.cache.insert(full, slots, ns)
         assert got >= len(own)
         assert list(self.cache.match(full, ns, record=False).slots[: len(own)]) == own
-        self.account_insert(slots, got, len(own))
+        self.account_insert(full, ns, slots, got, len(own))
         self.cache.unlock(handle)
         self.seqs.append((full, ns))
+
+    @precondition(lambda self: self.locked)
+    @rule(data=st.data())
+    def lock_again(self, data: st.DataObject) -> None:
+        """A second request holding the same prefix: shared nodes must be counted once."""
+        entry = data.draw(st.sampled_from(self.locked))
+        self.cache.lock(entry[0])
+        self.locked.append(entry)
 
     @precondition(lambda self: self.locked)
     @rule(data=st.data())
@@ -105,8 +138,10 @@ class CacheMachine(RuleBasedStateMachine):
             with pytest.raises(ValueError):
                 self.cache.unlock(res.handle)
 
-    @rule(num=st.integers(0, 40))
-    def evict(self, num: int) -> None:
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        """Usually a page or two (the tree stays populated), now and then everything."""
+        num = data.draw(st.sampled_from([0, 0, 1, self.page, 2 * self.page, 10**6]))
         before = self.cache.evictable_size
         out = self.cache.evict(num)
         assert len(out) % self.page == 0
@@ -114,8 +149,10 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.evictable_size == before - len(out)
         self.returned.extend(int(s) for s in out)
 
-    @rule()
-    def reset(self) -> None:
+    @rule(dice=st.sampled_from(["skip"] * 7 + ["reset"]))
+    def reset(self, dice: str) -> None:
+        if dice == "skip":  # resets are rare, so trees grow
+            return
         self.returned.extend(int(s) for s in self.cache.reset())
         assert self.cache.total_size == self.cache.evictable_size == 0
         if self.locked:
@@ -132,8 +169,13 @@ class CacheMachine(RuleBasedStateMachine):
         everything = held + self.returned
         assert len(everything) == len(set(everything)), "a slot is accounted twice"
         assert set(everything) == self.issued, "a slot leaked"
-        protected = sum(len(own) for _, _, _, own in self.locked)
-        assert self.cache.protected_size <= protected
+        locked_pages = {
+            (ns, tuple(toks[:end]))
+            for _, toks, ns, _ in self.locked
+            for end in range(self.page, len(toks) + 1, self.page)
+        }  # shared prefixes count once: no double counting of shared nodes
+        assert self.cache.protected_size == self.page * len(locked_pages)
+        assert self.cache.total_size == len(held)
 
 
 class RadixMachine(CacheMachine):
