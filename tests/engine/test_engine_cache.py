@@ -102,3 +102,15 @@ def test_schedule_policies_same_outputs(policy: str) -> None:
     eng = make_engine(lm, schedule_policy=policy, max_running_requests=3)
     outs = run_checked(eng, prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     assert [o.output_token_ids for o in outs] == expected
+
+
+def test_simultaneous_arrivals_share_instead_of_recomputing() -> None:
+    # Both arrive before any step: the second waits for the first's prefill (deferral) and then
+    # hits the shared 96 tokens instead of computing them in the same batch.
+    lm = ToyLM()
+    shared = shared_prefix_workload()[0][:48] * 2
+    a_prompt, b_prompt = [*shared, 1, 2], [*shared, 3, 4, 5]
+    eng = make_engine(lm, chunked_prefill_size=512)
+    outs = run_checked(eng, [a_prompt, b_prompt], GREEDY)
+    assert eng.metrics().cached_prompt_tokens_total == 96
+    assert outs[1].output_token_ids == reference_greedy(lm, b_prompt, GREEDY.max_tokens)
