@@ -1,4 +1,6 @@
-"""`radixkv` command line: serve | generate | chat | replay | bench {tree,engine,serve,compare,report}.
+"""`radixkv` command line.
+
+serve | demo | generate | chat | replay | bench {tree, engine, serve, compare, report}.
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
