@@ -83,10 +83,10 @@ def test_outputs_and_report(tmp_path: Path) -> None:
     saved = json.loads(Path(files["json"]).read_text())
     assert saved["plots"]["ttft_cdf"] == files["ttft_cdf"]
     md = tmp_path / "docs" / "benchmarks.md"
-    text = render([saved], md, "radixkv bench report --from x.json")
+    text = render([saved], md, "radixkv bench report --from x.json", ["peer: started by hand"])
     assert md.read_text() == text
     assert "radixkv bench compare --model default --workload shared-prefix" in text
-    assert "radixkv bench report --from x.json" in text
+    assert "radixkv bench report --from x.json" in text and "- peer: started by hand" in text
     assert "| TTFT mean ÷ off" in text and "0.25×" in text
     assert "**radix** vs cache off: mean TTFT 0.20 s → 0.05 s (0.25×)" in text
     assert "output throughput 1.00×, token hit rate 75.0% (ideal 75.0%)" in text

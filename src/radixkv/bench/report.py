@@ -148,7 +148,12 @@ def section(result: dict[str, Any], md_dir: Path, asset_dir: Path, tag: str) -> 
     return lines
 
 
-def render(results: list[dict[str, Any]], md_path: Path, report_command: str) -> str:
+def render(
+    results: list[dict[str, Any]],
+    md_path: Path,
+    report_command: str,
+    notes: list[str] | None = None,
+) -> str:
     md_dir = md_path.parent
     asset_dir = md_dir / "benchmarks"
     asset_dir.mkdir(parents=True, exist_ok=True)
@@ -166,9 +171,12 @@ def render(results: list[dict[str, Any]], md_path: Path, report_command: str) ->
         "Every column runs the same seeded workload (identical prompt token ids) through the "
         "same streaming client (`radixkv bench serve`): TTFT is send → first streamed text, "
         "TPOT is (end − first token) ÷ (output tokens − 1), effective input tokens/s counts "
-        "every prompt token, cached or not, over the wall time.",
+        "every prompt token, cached or not, over the wall time. Any other OpenAI-compatible "
+        "engine started on the same checkpoint joins as a column with `--extra NAME=URL`.",
         "",
     ]
+    if notes:
+        lines += ["Notes:", "", *(f"- {n}" for n in notes), ""]
     for i, res in enumerate(results):
         tag = f"{i}-{res['workload']['name']}"
         lines += section(res, md_dir, asset_dir, tag)
@@ -190,7 +198,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         result = run_compare(args)
         write_outputs(result, Path(args.work_dir), replay_requests=args.replay_requests)
         results = [result]
-    render(results, md_path, command)
+    render(results, md_path, command, args.note)
     print(f"wrote {md_path}")
     return 0
 
@@ -206,5 +214,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(**REPORT_DEFAULTS)
     p.set_defaults(out="docs/benchmarks.md")
     p.add_argument("--from", dest="from_json", action="append", help="compare.json (repeatable)")
+    p.add_argument("--note", action="append", help="a line for the Notes list (repeatable)")
     p.add_argument("--work-dir", default="bench-results/report", help="compare run output dir")
     p.set_defaults(func=_cmd_report)
