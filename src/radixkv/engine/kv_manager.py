@@ -100,6 +100,12 @@ class KVManager:
             )
         # Positions [prefix_len, cached) were already in the tree under other slots: ours there
         # are duplicates. The tree adopted ours for [cached, aligned).
+        #
+        #   position  0           prefix_len          cached               aligned      kv_len
+        #             |-- tree ------|-- ours: dup ------|-- ours → tree ------|-- ours ----|
+        #   after     locked (ours     freed here          tree owns them        stays in
+        #             via handle)                         (adopted)             own_pages
+        #   `own_pages[:handed]` covers [prefix_len, aligned): freed or adopted, never both.
         dup_pages = (min(cached, aligned) - req.prefix_len) // self.page_size
         if dup_pages:
             self.allocator.free_page_ids(req.own_pages[:dup_pages])
