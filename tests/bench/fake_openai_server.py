@@ -18,7 +18,8 @@ ERROR_MAX_TOKENS = 13  # the fake server answers 500 to this max_tokens
 class FakeServer:
     """Streams `max_tokens` one-token chunks; cached_tokens = half the prompt (floored)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_delay: float = FIRST_DELAY) -> None:
+        self.first_delay = first_delay
         self.log: list[dict[str, Any]] = []  # per request: first prompt id, arrival, done times
         self.flushes = 0
         self.url = ""
@@ -34,7 +35,7 @@ class FakeServer:
             return web.json_response({"error": {"message": "boom"}}, status=500)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)  # headers go out immediately: TTFT must not count them
-        await asyncio.sleep(FIRST_DELAY)
+        await asyncio.sleep(self.first_delay)
         for i in range(n):
             if i:
                 await asyncio.sleep(TOKEN_DELAY)

@@ -2,8 +2,11 @@
 already-running OpenAI-compatible server), one side-by-side table, JSON and plots.
 
 Each configuration gets a fresh `python -m radixkv serve` on a free loopback port (started, waited
-for on /health, stopped after its run), so no run inherits another's cache. Every run sees the
-same seeded workload (byte-identical prompts), the same warm-up and the same load shape.
+for on /health, stopped after its run), so no run inherits another's cache; an extra server has
+its prefix cache flushed after warm-up instead. Every run sees the same seeded workload
+(byte-identical prompts), the same warm-up and the same load shape. With `--rounds N` every column
+runs N times, each round in a rotated order (see `radixkv.bench.rounds`), and the table aggregates
+each column over its rounds, so drifting background load does not favour a fixed position.
 """
 
 from __future__ import annotations
@@ -20,17 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from radixkv.bench.compare_table import markdown_table
+from radixkv.bench.rounds import merge_rounds, order_lines, round_orders
 from radixkv.bench.serve import add_client_args, run_workload
 from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer
+from radixkv.bench.tokens import TokenSource
 from radixkv.bench.workload_cli import (
     add_workload_args,
     build_workload,
     token_source,
     workloads_help,
 )
+from radixkv.bench.workloads import Workload
 
-DEFAULT_CONFIGS = ("off", "radix", "radix-lpm", "blockhash")
-BLOCKHASH_PAGE = 16  # the block size of the peer design (vLLM's default on GPU)
+DEFAULT_CONFIGS = ("off", "radix", "radix-lpm", "radix-p16", "blockhash")
 
 
 def machine_info() -> dict[str, Any]:
@@ -78,10 +83,7 @@ def _resolve_model(model: str) -> tuple[str | None, str | None]:
 
 
 def _config_flags(name: str, server_args: list[str]) -> list[str]:
-    flags = list(CONFIGS[name])
-    if name == "blockhash":
-        flags += ["--page-size", str(BLOCKHASH_PAGE)]
-    return flags + server_args  # later flags win: --server-args can override any of the above
+    return [*CONFIGS[name], *server_args]  # later flags win: --server-args can override CONFIGS
 
 
 def _get_json(url: str) -> dict[str, Any] | None:
@@ -96,8 +98,52 @@ def _get_json(url: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _columns(args: argparse.Namespace) -> dict[str, str | None]:
+    """Column name → URL of an extra server, or None for one of our configurations (in order)."""
+    specs: list[tuple[str, str | None]] = [(c, None) for c in args.configs.split(",") if c]
+    specs += [(n, u) for n, _, u in (e.partition("=") for e in args.extra or [])]
+    cols: dict[str, str | None] = {}
+    for name, url in specs:
+        if url is None and name not in CONFIGS:
+            raise SystemExit(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
+        if not name or url == "" or name in cols:
+            raise SystemExit(f"column {name!r}: empty, duplicated, or --extra without =URL")
+        cols[name] = url
+    return cols
+
+
+def _run_one(
+    args: argparse.Namespace,
+    name: str,
+    url: str | None,
+    ctx: tuple[str | None, list[str], Path, Workload, TokenSource],
+    log_name: str,
+) -> dict[str, Any]:
+    """One measured run of one column: a fresh server for our configurations (stopped after),
+    the already-running one for an extra; either way its prefix cache is flushed after warm-up."""
+    server_model, server_args, out, workload, tokens = ctx
+    loadavg = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else None
+    if url is None:
+        flags = _config_flags(name, server_args)
+        print(f"[{name}] starting server: {' '.join(flags)}", file=sys.stderr)
+        with LocalServer(server_model, flags, out / log_name, args.startup_timeout) as srv:
+            res = run_workload(args, srv.url, None, workload, tokens)
+            res["cache_stats"] = _get_json(srv.url + "/cache/stats")
+            res["server"] = {"kind": "radixkv", "flags": flags, "startup_s": srv.startup_s}
+    else:
+        print(f"[{name}] running against {url}", file=sys.stderr)
+        res = run_workload(args, url, None, workload, tokens)
+        version = _get_json(url.rstrip("/") + "/version")  # vLLM and SGLang answer this
+        res["server"] = {"kind": "extra", "url": url}
+        if version and version.get("version"):
+            res["server"]["version"] = str(version["version"])
+    res["loadavg"] = loadavg
+    return res
+
+
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every configuration and extra server; the full result (JSON-ready)."""
+    """Run every column (configuration or extra server) once per round, in each round's rotated
+    order; the full result (JSON-ready), each column aggregated over its rounds."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     server_model, tok_dir = _resolve_model(args.model)
@@ -105,35 +151,27 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         args.tokenizer = tok_dir
     tokens = token_source(args)
     workload = build_workload(args, tokens)
-    server_args = shlex.split(args.server_args or "")
-    runs: dict[str, dict[str, Any]] = {}
-    configs = [c for c in args.configs.split(",") if c]
-    for name in configs:
-        flags = _config_flags(name, server_args)
-        print(f"[{name}] starting server: {' '.join(flags)}", file=sys.stderr)
-        with LocalServer(
-            server_model, flags, out / f"server-{name}.log", args.startup_timeout
-        ) as srv:
-            res = run_workload(args, srv.url, None, workload, tokens)
-            res["cache_stats"] = _get_json(srv.url + "/cache/stats")
-            res["server"] = {"kind": "radixkv", "flags": flags, "startup_s": srv.startup_s}
-        runs[name] = res
-    for spec in args.extra or []:
-        name, _, url = spec.partition("=")
-        print(f"[{name}] running against {url}", file=sys.stderr)
-        res = run_workload(args, url, None, workload, tokens)
-        version = _get_json(url.rstrip("/") + "/version")  # vLLM and SGLang answer this
-        res["server"] = {"kind": "extra", "url": url}
-        if version and version.get("version"):
-            res["server"]["version"] = str(version["version"])
-        runs[name] = res
+    ctx = (server_model, shlex.split(args.server_args or ""), out, workload, tokens)
+    cols = _columns(args)
+    machine = machine_info()  # before the runs: its load average is the one at the start
+    order = round_orders(list(cols), args.rounds)
+    per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in cols}
+    for r, names in enumerate(order):
+        for pos, name in enumerate(names):
+            if args.rounds > 1:
+                print(f"round {r + 1}/{args.rounds}, run {pos + 1}/{len(names)}", file=sys.stderr)
+            log = f"server-{name}.log" if args.rounds == 1 else f"server-{name}-r{r + 1}.log"
+            res = _run_one(args, name, cols[name], ctx, log)
+            per_round[name].append({**res, "round": r, "position": pos})
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": getattr(args, "command_line", None) or shlex.join(["radixkv", *sys.argv[1:]]),
         "model": args.model,
-        "machine": machine_info(),
+        "machine": machine,
         "workload": workload.describe(),
-        "runs": runs,
+        "rounds": args.rounds,
+        "order": order,
+        "runs": {name: merge_rounds(per_round[name]) for name in cols},
     }
 
 
@@ -175,7 +213,8 @@ def write_outputs(
         files["hit_vs_capacity"] = rep["plot"]
     result["plots"] = files
     table = markdown_table({n: r["summary"] for n, r in runs.items()})
-    (out / "compare.md").write_text(table + "\n")
+    order = "\n".join(f"- {line}" for line in order_lines(result.get("order") or []))
+    (out / "compare.md").write_text(table + "\n\nRun order:\n\n" + order + "\n")
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     files["json"] = str(out / "compare.json")
     files["table"] = str(out / "compare.md")
@@ -188,6 +227,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     wl = result["workload"]
     print(f"\n{wl['name']}: {wl['num_requests']} requests, {wl['prompt_tokens']} prompt tokens")
     print(markdown_table({n: r["summary"] for n, r in result["runs"].items()}))
+    print("\nrun order (each column aggregated over its rounds):")
+    print("\n".join(order_lines(result["order"])))
     for kind, path in files.items():
         print(f"{kind}: {path}")
     return 0 if all(r["summary"]["completed"] for r in result["runs"].values()) else 1
@@ -207,6 +248,14 @@ def add_compare_args(
         action="append",
         metavar="NAME=URL",
         help="an already-running OpenAI-compatible server to add as a column (repeatable)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every column N times, round r starting at column r mod K (rotated order), and "
+        "aggregate each column over its rounds; use >= 2 on a machine with drifting load "
+        "(default 1 for compare, 2 for report)",
     )
     p.add_argument("--server-args", default="", help="extra flags for every `radixkv serve`")
     p.add_argument(

@@ -89,7 +89,11 @@ def table_rows(summaries: Mapping[str, dict[str, Any]]) -> list[list[str]]:
 
 
 def markdown_table(summaries: Mapping[str, dict[str, Any]]) -> str:
-    rows = table_rows(summaries)
+    return _render(table_rows(summaries))
+
+
+def _render(rows: list[list[str]]) -> str:
+    """Markdown with padded columns: the first left-aligned, the others right-aligned."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
 
     def line(cells: list[str]) -> str:
@@ -102,3 +106,23 @@ def markdown_table(summaries: Mapping[str, dict[str, Any]]) -> str:
         + "|"
     )
     return "\n".join([line(rows[0]), sep, *(line(r) for r in rows[1:])])
+
+
+def rounds_table(runs: Mapping[str, dict[str, Any]]) -> str | None:
+    """Mean TTFT of every column in every round, with its position in that round's run order
+    (#1 = ran first) and the 1-minute load average when it started, so drift between rounds is
+    visible; None for single-round results."""
+    per_col = {n: run.get("rounds") or [] for n, run in runs.items()}
+    n_rounds = max((len(r) for r in per_col.values()), default=0)
+    if n_rounds < 2:
+        return None
+    rows = [["mean TTFT (ms) by round", *(f"round {i + 1}" for i in range(n_rounds))]]
+    for name, rounds in per_col.items():
+        cells = ["-"] * n_rounds
+        for rd in rounds:
+            mean = _get("ttft_s", "mean")(rd["summary"])
+            load = str(rd.get("loadavg") or "").split(" / ")[0]
+            extra = f", load {load}" if load else ""
+            cells[rd["round"]] = f"{_ms(mean)} (#{rd['position'] + 1}{extra})"
+        rows.append([name, *cells])
+    return _render(rows)

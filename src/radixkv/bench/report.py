@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from radixkv.bench.compare import add_compare_args, draw_ttft_cdf, run_compare, write_outputs
-from radixkv.bench.compare_table import BASELINE, markdown_table
+from radixkv.bench.compare_table import BASELINE, markdown_table, rounds_table
+from radixkv.bench.rounds import order_lines
 from radixkv.bench.server_proc import CONFIG_HELP
 from radixkv.bench.workload_cli import workloads_help
 
-# CPU-sized defaults for the report's own run (shared-prefix: 8 groups × 4 prompts, 1024 + 64).
+# CPU-sized defaults for the report's own run (shared-prefix: 8 groups × 4 prompts, 1024 + 64),
+# two rounds in rotated order so drifting background load does not favour one column.
 REPORT_DEFAULTS: dict[str, Any] = dict(
+    rounds=2,
+    configs="off,radix,radix-lpm,radix-p16,blockhash",
     workload="shared-prefix",
     num_groups=8,
     prompts_per_group=4,
@@ -99,7 +103,26 @@ def _load_line(result: dict[str, Any]) -> str | None:
         shape += f", at most {load['concurrency']} in flight"
     flushed = all(r.get("flushed_after_warmup") for r in result["runs"].values())
     then = ", then the server's prefix cache flushed" if flushed else ""
-    return f"Load: {shape}; {load.get('warmup', 0)} unrelated warm-up requests first{then}."
+    each = " (before every measured run)" if (result.get("rounds") or 1) > 1 else ""
+    return f"Load: {shape}; {load.get('warmup', 0)} unrelated warm-up requests first{then}{each}."
+
+
+def _rounds_lines(result: dict[str, Any]) -> list[str]:
+    """The order the columns actually ran in, and (several rounds) each round's mean TTFT."""
+    order = result.get("order")
+    if not order:
+        return []
+    n = len(order)
+    how = (
+        f"{n} rounds, each starting one column later than the last; every column's figures "
+        "above pool all its rounds (requests merged, token counts and wall times summed)"
+        if n > 1
+        else "a single round"
+    )
+    lines = [f"Run order ({how}):", "", *(f"- {line}" for line in order_lines(order)), ""]
+    if (table := rounds_table(result["runs"])) is not None:
+        lines += [table, ""]
+    return lines
 
 
 def section(result: dict[str, Any], md_dir: Path, asset_dir: Path, tag: str) -> list[str]:
@@ -126,6 +149,7 @@ def section(result: dict[str, Any], md_dir: Path, asset_dir: Path, tag: str) -> 
         "Ratios are against `off` (TTFT: below 1 is faster; throughput: above 1 is more). "
         "Hit rates are the servers' own `cached_tokens` ÷ `prompt_tokens`.",
         "",
+        *_rounds_lines(result),
         "Produced by:",
         "",
         "```",

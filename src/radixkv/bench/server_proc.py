@@ -16,17 +16,23 @@ from types import TracebackType
 from typing import IO
 
 # Server flags of each named configuration of `bench compare` (on top of --model/--host/--port).
+# Page sizes are explicit so a column's description says what granularity its cache shares at:
+# radix-p16 and blockhash differ only in the cache design, not in the page size.
 CONFIGS: dict[str, tuple[str, ...]] = {
     "off": ("--disable-radix-cache", "--schedule-policy", "fcfs"),
-    "radix": ("--eviction-policy", "lru", "--schedule-policy", "fcfs"),
-    "radix-lpm": ("--eviction-policy", "lru", "--schedule-policy", "lpm"),
-    "blockhash": ("--cache", "blockhash", "--schedule-policy", "fcfs"),
+    "radix": ("--eviction-policy", "lru", "--schedule-policy", "fcfs", "--page-size", "1"),
+    "radix-lpm": ("--eviction-policy", "lru", "--schedule-policy", "lpm", "--page-size", "1"),
+    "radix-p16": ("--eviction-policy", "lru", "--schedule-policy", "fcfs", "--page-size", "16"),
+    "blockhash": ("--cache", "blockhash", "--schedule-policy", "fcfs", "--page-size", "16"),
 }
 CONFIG_HELP = {
     "off": "radix cache disabled (--disable-radix-cache), fcfs",
-    "radix": "radix cache, lru eviction, fcfs scheduling",
-    "radix-lpm": "radix cache, lru eviction, lpm (longest prefix first) scheduling",
-    "blockhash": "vLLM-style chained block-hash cache, fcfs",
+    "radix": "radix cache, page size 1 token, lru eviction, fcfs scheduling",
+    "radix-lpm": "radix cache, page size 1 token, lru eviction, lpm (longest prefix first) "
+    "scheduling",
+    "radix-p16": "radix cache, page size 16 tokens (matched to blockhash), lru eviction, fcfs "
+    "scheduling",
+    "blockhash": "vLLM-style chained block-hash cache, page (block) size 16 tokens, fcfs",
 }
 
 
