@@ -26,7 +26,7 @@ thread and hands requests in through a thread-safe queue.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -159,7 +159,6 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
-    tags: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def prefix_cache_enabled(self) -> bool:
