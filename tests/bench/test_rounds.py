@@ -155,7 +155,7 @@ def test_report_shows_order_and_per_round_ttft(tmp_path: Path) -> None:
                      "prompt_tokens": 200, "max_output_tokens": 20, "ideal_hit_rate": 0.6},
     }  # fmt: skip
     text = render([result], tmp_path / "b.md", "radixkv bench report --from x")
-    assert "Run order (2 rounds" in text
+    assert "Run order: 2 rounds" in text
     assert "- round 1: off → blockhash" in text and "- round 2: blockhash → off" in text
     row = next(line for line in text.splitlines() if line.startswith("| blockhash "))
     assert "300.0 (#2" in row and "200.0 (#1" in row

@@ -183,8 +183,9 @@ def draw_ttft_cdf(result: dict[str, Any], path: Path) -> Path:
         n: [r["ttft_s"] for r in run["requests"] if r["ok"] and r["ttft_s"] is not None]
         for n, run in result["runs"].items()
     }
-    wl = result["workload"]
-    return ttft_cdf(ttfts, path, f"TTFT CDF: {wl['name']}, {wl['num_requests']} requests")
+    wl, rounds = result["workload"], int(result.get("rounds") or 1)
+    each = f" × {rounds} rounds" if rounds > 1 else ""
+    return ttft_cdf(ttfts, path, f"TTFT CDF: {wl['name']}, {wl['num_requests']} requests{each}")
 
 
 def write_outputs(

@@ -113,13 +113,16 @@ def _rounds_lines(result: dict[str, Any]) -> list[str]:
     if not order:
         return []
     n = len(order)
-    how = (
-        f"{n} rounds, each starting one column later than the last; every column's figures "
-        "above pool all its rounds (requests merged, token counts and wall times summed)"
-        if n > 1
-        else "a single round"
-    )
-    lines = [f"Run order ({how}):", "", *(f"- {line}" for line in order_lines(order)), ""]
+    if n > 1:
+        head = (
+            f"Run order: {n} rounds, each starting one column later than the last. Every "
+            "column's figures above pool all its rounds: requests merged, token counts and wall "
+            "times summed. Below the order, each round's mean TTFT per column, with its position "
+            "in that round and the 1-minute load average when it started."
+        )
+    else:
+        head = "Run order (a single round):"
+    lines = [head, "", *(f"- {line}" for line in order_lines(order)), ""]
     if (table := rounds_table(result["runs"])) is not None:
         lines += [table, ""]
     return lines
