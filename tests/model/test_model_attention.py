@@ -83,3 +83,19 @@ def test_windowed_layers_gather_only_visible_keys() -> None:
     extend = TorchAttention().prepare(_batch([12], [5], slots), torch.device("cpu"))
     item = extend.extends[0]
     assert (item.first_key(None), item.first_key(4), item.first_key(100)) == (0, 4, 0)
+
+
+def test_from_contexts_derives_positions_and_out_slots() -> None:
+    lens, extend = [7, 3, 12], [2, 3, 1]
+    slots = torch.randperm(40)
+    explicit = _batch(lens, extend, slots)
+    offsets = [0, 7, 10]
+    ctx = [slots[o : o + n] for o, n in zip(offsets, lens, strict=True)]
+    derived = ForwardBatch.from_contexts(explicit.input_ids, ctx, extend)
+    assert derived.seq_lens == explicit.seq_lens and derived.extend_lens == explicit.extend_lens
+    assert torch.equal(derived.positions, explicit.positions)
+    assert torch.equal(derived.out_slots, explicit.out_slots)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(derived.context_slots, explicit.context_slots, strict=True)
+    )

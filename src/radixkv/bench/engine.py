@@ -155,14 +155,8 @@ def _model_forward_s(lm: Any, engine: Any, prefix: int, suffix: int, repeats: in
     pool = KVPool(lm.config.pool_config(n, engine.pool.config.dtype, engine.pool.config.device))
     dev = engine.pool.config.device
     slots = torch.arange(n, dtype=torch.int64, device=dev)
-    batch = ForwardBatch(
-        input_ids=torch.randint(0, int(lm.config.vocab_size), (suffix,), device=dev),
-        positions=torch.arange(prefix, n, device=dev),
-        out_slots=slots[prefix:],
-        extend_lens=(suffix,),
-        seq_lens=(n,),
-        context_slots=(slots,),
-    )
+    ids = torch.randint(0, int(lm.config.vocab_size), (suffix,), device=dev)
+    batch = ForwardBatch.from_contexts(ids, [slots], [suffix])
     times = []
     with torch.inference_mode():
         for _ in range(repeats):

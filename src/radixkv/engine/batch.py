@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,36 @@ class ForwardBatch:
     seq_lens: tuple[int, ...]  # [R]
     context_slots: tuple[torch.Tensor, ...]  # R tensors of [seq_lens[r]] int64
     return_all_logits: bool = False  # tests: logits for every new token, not only the last
+
+    @classmethod
+    def from_contexts(
+        cls,
+        input_ids: Sequence[int] | torch.Tensor,
+        context_slots: Sequence[torch.Tensor],
+        extend_lens: Sequence[int],
+        *,
+        device: torch.device | str | None = None,
+        return_all_logits: bool = False,
+    ) -> ForwardBatch:
+        """The batch in which request r's new tokens are the last `extend_lens[r]` positions of
+        its context `context_slots[r]`; positions, out_slots and seq_lens follow from that."""
+        seq_lens = tuple(int(c.shape[0]) for c in context_slots)
+        positions = [
+            torch.arange(s - e, s, dtype=torch.int64)
+            for s, e in zip(seq_lens, extend_lens, strict=True)
+        ]
+        out_slots = [c[c.shape[0] - e :] for c, e in zip(context_slots, extend_lens, strict=True)]
+        if device is None:
+            device = context_slots[0].device if context_slots else "cpu"
+        return cls(
+            input_ids=torch.as_tensor(input_ids, dtype=torch.int64).to(device),
+            positions=torch.cat(positions).to(device),
+            out_slots=torch.cat(out_slots).to(device),
+            extend_lens=tuple(extend_lens),
+            seq_lens=seq_lens,
+            context_slots=tuple(context_slots),
+            return_all_logits=return_all_logits,
+        )
 
     @property
     def num_requests(self) -> int:

@@ -26,25 +26,12 @@ class ModelRunner:
 
     def build(self, sched: ScheduledBatch) -> ForwardBatch:
         ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        out_slots: list[torch.Tensor] = []
         contexts: list[torch.Tensor] = []
-        seq_lens: list[int] = []
         for req, n in zip(sched.reqs, sched.extend_lens, strict=True):
-            start, end = req.kv_len, req.kv_len + n
-            ids.extend(req.tokens[start:end])
-            positions.append(torch.arange(start, end, dtype=torch.int64))
-            out_slots.append(self.table.get(req.row, start, end))
+            end = req.kv_len + n
+            ids.extend(req.tokens[req.kv_len : end])
             contexts.append(self.table.get(req.row, 0, end))
-            seq_lens.append(end)
-        return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=self.device),
-            positions=torch.cat(positions).to(self.device),
-            out_slots=torch.cat(out_slots).to(self.device),
-            extend_lens=tuple(sched.extend_lens),
-            seq_lens=tuple(seq_lens),
-            context_slots=tuple(contexts),
-        )
+        return ForwardBatch.from_contexts(ids, contexts, sched.extend_lens, device=self.device)
 
     def forward(self, sched: ScheduledBatch) -> torch.Tensor:
         """Logits [R, vocab] of each request's last new token."""

@@ -40,20 +40,9 @@ def _best_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
 
 
 def _batch(lens: list[int], extend: list[int], slots: torch.Tensor) -> ForwardBatch:
-    ctx, outs, pos, off = [], [], [], 0
-    for s, e in zip(lens, extend, strict=True):
-        ctx.append(slots[off : off + s])
-        outs.append(slots[off + s - e : off + s])
-        pos.append(torch.arange(s - e, s))
-        off += s
-    return ForwardBatch(
-        input_ids=torch.zeros(sum(extend), dtype=torch.int64),
-        positions=torch.cat(pos),
-        out_slots=torch.cat(outs),
-        extend_lens=tuple(extend),
-        seq_lens=tuple(lens),
-        context_slots=tuple(ctx),
-    )
+    offsets = [sum(lens[:i]) for i in range(len(lens))]
+    ctx = [slots[o : o + s] for o, s in zip(offsets, lens, strict=True)]
+    return ForwardBatch.from_contexts(torch.zeros(sum(extend), dtype=torch.int64), ctx, extend)
 
 
 def _attention_case(

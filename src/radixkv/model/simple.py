@@ -15,15 +15,7 @@ from radixkv.model.loader import LoadedModel
 
 def single_batch(ids: list[int], start: int, slots: torch.Tensor) -> ForwardBatch:
     """One request extending a context of `start` tokens by `ids`; slot of position p = slots[p]."""
-    end = start + len(ids)
-    return ForwardBatch(
-        input_ids=torch.tensor(ids, dtype=torch.int64),
-        positions=torch.arange(start, end, dtype=torch.int64),
-        out_slots=slots[start:end],
-        extend_lens=(len(ids),),
-        seq_lens=(end,),
-        context_slots=(slots[:end],),
-    )
+    return ForwardBatch.from_contexts(ids, [slots[: start + len(ids)]], [len(ids)])
 
 
 def greedy_generate(
