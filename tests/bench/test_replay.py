@@ -94,19 +94,20 @@ def test_hand_built_lru_replay() -> None:
     a, b, c, d, e, x = 10, 11, 12, 13, 14, 15
     trace = [req([a, b]), req([c, d]), req([a, b]), req([a, b, e]), req([a, x]), req([a, b])]
     res = replay(trace, make_factory("radix", 4, "lru"), 12, policy="lru", check_every=1)
-    # 1 [A B] miss (8 cached). 2 [C D] miss, 16 > 12: LRU leaf [A B] goes (8). 3 [A B] miss,
-    # [C D] goes. 4 [A B E] hits 8 (12 cached). 5 [A X] hits 4 and splits A|B; 16 > 12: the
-    # LRU leaf is [E] (used at 4; [X] at 5) → 4 evicted. 6 [A B] hits 8.
-    assert res.hit_tokens == 8 + 4 + 8
-    assert res.evicted_tokens == 8 + 8 + 4
-    assert res.hit_blocks == 2 + 1 + 2
+    # Page-granular: each overflow of 4 tokens frees one page, the tail of the LRU leaf.
+    # 1 [A B] miss (8 cached). 2 [C D] miss, 16 > 12: the LRU leaf [A B] loses B. 3 [A B] hits
+    # A; [C D] loses D. 4 [A B E] hits 8; [C] goes. 5 [A X] hits 4; the LRU leaf is [E] (used
+    # at 4, [X] at 5). 6 [A B] hits 8.
+    assert res.hit_tokens == 4 + 8 + 4 + 8
+    assert res.evicted_tokens == 4 * 4
+    assert res.hit_blocks == 1 + 2 + 1 + 2
     assert res.input_tokens == 8 + 8 + 8 + 12 + 8 + 8 and res.requests == 6
     assert res.final_size == 12 and res.peak_size == 16
-    assert res.token_hit_rate == pytest.approx(20 / 52)
+    assert res.token_hit_rate == pytest.approx(24 / 52)
     # The cache's own accounting agrees with the replay's.
     st = res.cache_stats
-    assert (st["matched_tokens"], st["requested_tokens"]) == (20, 52)
-    assert (st["evicted_tokens"], st["match_calls"], st["insert_calls"]) == (20, 6, 6)
+    assert (st["matched_tokens"], st["requested_tokens"]) == (24, 52)
+    assert (st["evicted_tokens"], st["match_calls"], st["insert_calls"]) == (16, 6, 6)
 
 
 def nested_workload(seed: int, sessions: int = 6, turns: int = 8) -> list[TraceRequest]:
