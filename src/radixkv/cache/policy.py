@@ -57,6 +57,12 @@ class EvictionPolicy:
     def on_evict(self, node: Any) -> None:
         """`node` (no longer in the tree) was just evicted."""
 
+    def on_insert(self, node: Any) -> None:
+        """`node` is a new leaf, about to be tracked (it may adjust its policy fields)."""
+
+    def on_match(self, path: list[Any], clock: int) -> None:
+        """A recorded match of `path` at tick `clock`, before the path's fields are updated."""
+
 
 class LRUPolicy(EvictionPolicy):
     """Least recently used first."""
@@ -123,6 +129,17 @@ class SessionAwarePolicy(EvictionPolicy):
     def on_evict(self, node: Any) -> None:
         self.base.on_evict(node)
 
+    def on_insert(self, node: Any) -> None:
+        self.base.on_insert(node)
+
+    def on_match(self, path: list[Any], clock: int) -> None:
+        self.base.on_match(path, clock)
+
+    def make_queue(self) -> LeafQueue:
+        if type(self.base).make_queue is not EvictionPolicy.make_queue:
+            raise ValueError(f"{self.base.name} owns its queue; it has no session-aware form")
+        return super().make_queue()
+
 
 _REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {
     "lru": LRUPolicy,
@@ -132,6 +149,18 @@ _REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {
     "priority": PriorityPolicy,
     "session-lru": lambda: SessionAwarePolicy(LRUPolicy()),
 }
+
+
+def _register_online() -> None:
+    """Policies in their own modules (imported lazily: they import this one)."""
+    from radixkv.cache.predictive import PredictivePolicy
+    from radixkv.cache.segmented import S3FIFOPolicy
+
+    _REGISTRY["s3fifo"] = S3FIFOPolicy
+    _REGISTRY["predict"] = PredictivePolicy
+
+
+_register_online()
 
 
 def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:

@@ -105,6 +105,7 @@ class RadixCache:
         if record:
             self._clock += 1
             clock = self._clock
+            self.policy.on_match(path, clock)
             for node in path:
                 node.last_access = clock
                 node.hits += 1
@@ -153,6 +154,7 @@ class RadixCache:
         upper.priority = child.priority
         upper.sref = child.sref  # every session reference through `child` passes `upper`
         upper.depth = child.depth
+        upper.gap = child.gap
         child.depth += ntok
         parent.children[child.key[: self._page_bytes]] = upper
         child.key = child.key[at:]
@@ -205,6 +207,7 @@ class RadixCache:
             start_tok, end_tok = pos // TOKEN_BYTES, end // TOKEN_BYTES
             leaf = Node(q[pos:end], frozen_copy(s[start_tok:end_tok]), parent, clock)
             leaf.priority = priority
+            self.policy.on_insert(leaf)
             if parent.entry is not None:
                 self._leaves.invalidate(parent)
             parent.children[q[pos : pos + self._page_bytes]] = leaf

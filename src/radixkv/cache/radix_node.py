@@ -43,6 +43,7 @@ class Node:
         "created",
         "depth",
         "entry",
+        "gap",
         "hits",
         "key",
         "last_access",
@@ -73,6 +74,7 @@ class Node:
         # never protect: session-aware policies only evict referenced nodes later), and the
         # session references whose deepest node this is (None when there are none).
         self.sref = 0
+        self.gap = 0  # policy-owned: e.g. ticks between this node's last two uses
         self.anchors: list[Any] | None = None
 
 

@@ -126,6 +126,11 @@ class EngineMetrics:
     generated_tokens_total: int
     num_preemptions: int
     finished_requests: int
+    # Live regret over the recent window (see radixkv.cache.regret): the cache's token hit rate
+    # and Belady's at the same capacity, from the last periodic computation.
+    window_requests: int = 0
+    window_hit_rate: float = 0.0
+    window_belady_hit_rate: float = 0.0
 
     @property
     def token_hit_rate(self) -> float:
@@ -148,7 +153,7 @@ class EngineConfig:
     device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
     dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
     page_size: int = 1
-    eviction_policy: str = "lru"  # lru | lfu | fifo | mru | priority
+    eviction_policy: str = "lru"  # any of radixkv.cache.available_policies()
     schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
     cache: str = "radix"  # radix | blockhash
     disable_radix_cache: bool = False
@@ -159,6 +164,7 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
+    regret_window: int = 2048  # requests in the live-regret window (0: off)
 
     @property
     def prefix_cache_enabled(self) -> bool:
