@@ -125,7 +125,7 @@ class PredictivePolicy(EvictionPolicy):
     name = "predict"
     monotone = False
 
-    def __init__(self, slack: float = 4.0) -> None:
+    def __init__(self, slack: float = 2.0) -> None:
         self.slack = slack
         self._cache: Any = None
         self._gap_sum = 0

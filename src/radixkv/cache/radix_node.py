@@ -69,7 +69,7 @@ class Node:
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
         # Tokens above this edge (0 for a root's children): "head blocks are worth more".
-        self.depth = parent.depth + parent.ntok if parent is not None else 0
+        self.depth: int = parent.depth + parent.ntok if parent is not None else 0
         # Session references through this node (counted along the path, like `lock`, but they
         # never protect: session-aware policies only evict referenced nodes later), and the
         # session references whose deepest node this is (None when there are none).
