@@ -44,6 +44,8 @@ class PredictQueue:
         return self.live
 
     def push(self, node: Any) -> None:
+        if node.gap <= 0:  # no history: the mean gap now, fixed so the keys stay exact
+            node.gap = self.policy.mean_gap()
         nxt, deadline = self.policy.predict(node)
         far = (-nxt, next(self._seq), node)
         due = (deadline, next(self._seq), node)
