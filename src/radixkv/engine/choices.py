@@ -12,13 +12,14 @@ request (reusing the cached prefix, or recomputing it when the cache is off).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixkv.engine.request import Request
 from radixkv.engine.sampler import make_generator
-from radixkv.engine.types import SamplingParams
+from radixkv.engine.stop import TextStream
+from radixkv.engine.types import RequestError, RequestOptions, SamplingParams
 
 if TYPE_CHECKING:
     from radixkv.engine.engine import Engine
@@ -33,6 +34,58 @@ def choice_seed(seed: int, index: int) -> int:
 
 def generator(params: SamplingParams, seed: int, index: int) -> torch.Generator | None:
     return None if params.greedy else make_generator(choice_seed(seed, index))
+
+
+def validate(sampling: SamplingParams, max_n: int, vocab_size: int) -> None:
+    """Engine-side limits of a request's n and logit_bias (RequestError → 400)."""
+    if sampling.n > max_n:
+        raise RequestError(
+            f"n={sampling.n} is above this server's limit of {max_n} (--max-n)", param="n"
+        )
+    for tid, _ in sampling.logit_bias:
+        if not 0 <= tid < vocab_size:
+            raise RequestError(
+                f"logit_bias: token id {tid} is outside the vocabulary [0, {vocab_size})",
+                param="logit_bias",
+            )
+
+
+def make_grammar(engine: Engine) -> Any:
+    from radixkv.engine.grammar import GrammarCompiler
+
+    return GrammarCompiler(
+        engine.tokenizer.backend.to_str(), engine.vocab_size, sorted(engine.eos_token_ids)
+    )
+
+
+def make_group(
+    engine: Engine,
+    rid: str,
+    ids: list[int],
+    sampling: SamplingParams,
+    options: RequestOptions,
+    seed: int,
+) -> list[Request]:
+    """The n choices of one request; choice 0 is scheduled, the others wait in its `forks`.
+    Compiles the grammar first, so an unsupported schema is a RequestError before anything."""
+    schema = sampling.json_schema
+    matchers = [engine.grammar.matcher(schema) for _ in range(sampling.n)] if schema else None
+    group = [
+        Request(
+            request_id=rid,
+            prompt_ids=ids,
+            sampling=sampling,
+            options=options,
+            stream=TextStream(engine.tokenizer.make_decoder(), sampling.stop),
+            generator=generator(sampling, seed, i),
+            index=i,
+            matcher=matchers[i] if matchers else None,
+            logprobs=[] if sampling.logprobs is not None else None,
+        )
+        for i in range(sampling.n)
+    ]
+    group[0].forks = group[1:]
+    return group
 
 
 def copy_kv(engine: Engine, src: object, dst: object) -> None:

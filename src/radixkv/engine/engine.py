@@ -13,11 +13,10 @@ from typing import Any
 
 from radixkv.engine import choices, setup
 from radixkv.engine.kv_manager import KVManager
+from radixkv.engine.logits import next_tokens
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
-from radixkv.engine.logits import next_tokens
 from radixkv.engine.scheduler import Scheduler
-from radixkv.engine.stop import TextStream
 from radixkv.engine.types import (
     EngineConfig,
     EngineMetrics,
@@ -108,24 +107,8 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in use", param="request_id")
-        schema = sampling.json_schema
-        matchers = [self.grammar.matcher(schema) for _ in range(sampling.n)] if schema else None
         seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
-        group = [
-            Request(
-                request_id=rid,
-                prompt_ids=ids,
-                sampling=sampling,
-                options=options,
-                stream=TextStream(self.tokenizer.make_decoder(), sampling.stop),
-                generator=choices.generator(sampling, seed, i),
-                index=i,
-                matcher=matchers[i] if matchers else None,
-                logprobs=[] if sampling.logprobs is not None else None,
-            )
-            for i in range(sampling.n)
-        ]
-        group[0].forks = group[1:]  # they fork from choice 0's prefill
+        group = choices.make_group(self, rid, ids, sampling, options, seed)
         self._requests[rid] = group
         self.scheduler.add(group[0])
         return rid
@@ -134,25 +117,11 @@ class Engine:
     def grammar(self) -> Any:
         """The structured-output compiler (llguidance), built on the first json_schema request."""
         if self._grammar is None:
-            from radixkv.engine.grammar import GrammarCompiler
-
-            self._grammar = GrammarCompiler(
-                self.tokenizer.backend.to_str(), self.vocab_size, sorted(self.eos_token_ids)
-            )
+            self._grammar = choices.make_grammar(self)
         return self._grammar
 
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
-        if sampling.n > self.config.max_n:
-            raise RequestError(
-                f"n={sampling.n} is above this server's limit of {self.config.max_n} (--max-n)",
-                param="n",
-            )
-        for tid, _ in sampling.logit_bias:
-            if not 0 <= tid < self.vocab_size:
-                raise RequestError(
-                    f"logit_bias: token id {tid} is outside the vocabulary [0, {self.vocab_size})",
-                    param="logit_bias",
-                )
+        choices.validate(sampling, self.config.max_n, self.vocab_size)
         ids = [int(t) for t in ids]
         if not ids:
             raise RequestError("the prompt is empty", param="prompt")

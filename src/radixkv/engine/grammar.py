@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance as llg
 import numpy as np
@@ -23,8 +23,11 @@ import torch
 
 from radixkv.engine.types import RequestError
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # Applied before the schema's own "x-guidance" options.
-COMPACT_JSON: dict[str, Any] = {
+COMPACT_JSON: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ",",
     "key_separator": ":",
