@@ -53,7 +53,7 @@ def response_format_schema(fmt: dict[str, Any] | None) -> str | None:
                 code="invalid_value",
             )
         # `strict` is accepted either way: the schema is always enforced by the grammar.
-        return json.dumps(schema, sort_keys=True)
+        return json.dumps(schema)  # key order kept: properties are generated in this order
     raise APIError(
         f"unknown response_format type {kind!r} (text, json_object, json_schema)",
         param="response_format",
