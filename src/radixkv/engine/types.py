@@ -6,11 +6,12 @@ The Engine (radixkv.engine.engine.Engine) contract, which the server and benchma
     engine.tokenizer                      # radixkv.model.tokenizer.Tokenizer
     engine.config                         # the EngineConfig in force
     engine.generate(prompts, sampling)    # str | list[int] | list[str] | list[list[int]]
-                                          #   → list[RequestOutput] (blocking, batched)
+                                          #   → list[RequestOutput] (blocking, batched; with
+                                          #   n > 1, every choice of each prompt, in order)
     engine.stream(prompt, sampling)       # → Iterator[StreamDelta] (blocking, one request)
     engine.add_request(prompt_ids, sampling, request_id=None, options=RequestOptions())
                                           #   → request_id; raises RequestError on bad input
-    engine.step()                         # one scheduler step → list[StreamDelta] (one per request
+    engine.step()                         # one scheduler step → list[StreamDelta] (one per choice
                                           #   that produced tokens or finished this step)
     engine.has_unfinished()               # → bool
     engine.abort(request_id)              # frees/unlocks what the request held; its last delta
