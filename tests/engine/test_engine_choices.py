@@ -124,3 +124,46 @@ def test_choices_under_memory_pressure_match_reference() -> None:
     for j, p in enumerate(prompts):
         want = reference_greedy(LM, p, 12)
         assert [out[(f"req-{j}", i)] for i in range(3)] == [want] * 3
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_workloads_with_choices(seed: int) -> None:
+    """Random prompts sharing prefixes, n in 1..4, random page size / pool / chunking / rows /
+    cache design: every choice equals the reference and the census holds after every step."""
+    rng = random.Random(1000 + seed)
+    root = [rng.randrange(38) for _ in range(rng.randrange(1, 30))]
+    prompts = [
+        root[: rng.randrange(len(root) + 1)]
+        + [rng.randrange(38) for _ in range(rng.randrange(1, 20))]
+        for _ in range(rng.randrange(2, 6))
+    ]
+    ns = [rng.randrange(1, 5) for _ in prompts]
+    max_tokens = [rng.randrange(1, 9) for _ in prompts]
+    page_size = rng.choice([1, 2, 4, 16])
+    longest = max(len(p) + m for p, m in zip(prompts, max_tokens, strict=True))
+    engine: Any = make_engine(
+        LM,
+        page_size=page_size,
+        num_slots=-(-longest // page_size) * page_size + rng.randrange(0, 160),
+        chunked_prefill_size=rng.choice([1, 7, 512]),
+        cache=rng.choice(["radix", "blockhash"]),
+        disable_radix_cache=rng.random() < 0.3,
+        max_running_requests=rng.choice([1, 3, 16]),
+    )
+    engine.scheduler.decode_reserve_tokens = rng.choice([0, 4])
+    rids = [
+        engine.add_request(p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True, n=n))
+        for p, m, n in zip(prompts, max_tokens, ns, strict=True)
+    ]
+    out: dict[tuple[str, int], list[int]] = {}
+    for _ in range(10_000):
+        if not engine.has_unfinished():
+            break
+        for d in engine.step():
+            out.setdefault((d.request_id, d.index), []).extend(d.new_token_ids)
+        engine.check_memory()
+    for rid, p, m, n in zip(rids, prompts, max_tokens, ns, strict=True):
+        want = reference_greedy(LM, p, m)
+        assert [out[(rid, i)] for i in range(n)] == [want] * n
+    engine.flush_cache()
+    assert engine.allocator.free_slots == engine.allocator.num_slots
