@@ -68,12 +68,9 @@ class GrammarCompiler:
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT_JSON)
         except ValueError as exc:
             raise RequestError(f"invalid JSON schema: {exc}", param=_PARAM) from None
-        is_err, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
-        if is_err:
-            # llguidance names the construct, e.g. 'Unimplemented keys: ["uniqueItems"]'.
-            raise RequestError(f"unsupported JSON schema: {messages[0]}", param=_PARAM)
         matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
+            # llguidance names the construct, e.g. 'Unimplemented keys: ["uniqueItems"]'.
             raise RequestError(f"unsupported JSON schema: {matcher.get_error()}", param=_PARAM)
         self.compiled += 1
         return matcher
