@@ -107,7 +107,9 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in use", param="request_id")
-        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+        seed = sampling.seed
+        if seed is None:  # drawn only for sampled requests, as before n > 1 existed
+            seed = 0 if sampling.greedy else self._seeds.getrandbits(63)
         group = choices.make_group(self, rid, ids, sampling, options, seed)
         self._requests[rid] = group
         self.scheduler.add(group[0])
