@@ -86,7 +86,7 @@ def test_every_dashboard_route_needs_the_key(srv: LiveServer) -> None:
 def test_page_is_self_contained(srv: LiveServer) -> None:
     html = httpx.get(srv.url + "/dashboard", headers=_auth(), timeout=30).text
     assert "<script>" in html and "<style>" in html
-    for external in ("http://", "https://", "<script src", "<link "):
+    for external in ("http://", "https://", "<script src", "@import", "url("):
         assert external not in html
 
 
@@ -104,8 +104,15 @@ def test_state_and_tree_agree_with_stats_and_leak_nothing(srv: LiveServer) -> No
     state = _get(srv, "/dashboard/state?limit=10")
     tree = _get(srv, "/cache/tree?top_k=50&max_depth=10")
     assert stats["memory_check"] == "ok"
-    for k in ("prompt_tokens_total", "cached_prompt_tokens_total", "finished_requests",
-              "cached_tokens_in_tree", "token_hit_rate", "free_slots", "pool_slots"):
+    for k in (
+        "prompt_tokens_total",
+        "cached_prompt_tokens_total",
+        "finished_requests",
+        "cached_tokens_in_tree",
+        "token_hit_rate",
+        "free_slots",
+        "pool_slots",
+    ):
         assert state["stats"][k] == stats[k], k
     (pool,) = state["pools"]
     assert pool["free"] + pool["cached"] + pool["held"] == pool["slots"] == stats["pool_slots"]

@@ -16,8 +16,8 @@ parent is listed or is a namespace root) and renders as a tree. Cost: one pass o
 from __future__ import annotations
 
 import hashlib
-import hmac
 import heapq
+import hmac
 from collections.abc import Hashable
 from typing import Any
 
