@@ -153,6 +153,8 @@ def tree_view(cache: Any, top_k: int = 40, max_depth: int = 8, key: bytes = b"")
         "total_nodes": len(stats),
         "top_k": top_k,
         "max_depth": max_depth,
-        "namespaces": [{"namespace": k, **v} for k, v in spaces.items()],
+        "namespaces": sorted(  # largest first, like the nodes
+            ({"namespace": k, **v} for k, v in spaces.items()), key=lambda s: -s["tokens"]
+        ),
         "nodes": nodes,
     }
