@@ -151,3 +151,26 @@ def test_bad_query_values_are_clear_400s(srv: LiveServer) -> None:
     assert r.status_code == 400 and "top_k" in r.text
     huge = _get(srv, "/cache/tree?top_k=100000000&max_depth=100000000")
     assert huge["top_k"] == 500 and huge["max_depth"] == 64
+
+
+@pytest.mark.parametrize(
+    ("cfg", "kind"),
+    [
+        ({"cache": "blockhash", "page_size": 16}, "blockhash"),
+        ({"disable_radix_cache": True}, "off"),
+    ],
+)
+def test_other_caches_get_a_census_and_a_tree_stub(
+    tiny_model_dir: Callable[..., Path], cfg: dict[str, Any], kind: str
+) -> None:
+    engine = Engine(
+        str(tiny_model_dir("llama")), EngineConfig(num_slots=512, max_model_len=256, **cfg)
+    )
+    engine.generate([list(range(100, 140))] * 2)
+    tree = engine.cache_tree(10, 4, b"k")
+    assert tree["kind"] == kind and tree["nodes"] == []
+    state = engine.dashboard_state(b"k")
+    (pool,) = state["pools"]
+    assert pool["free"] + pool["cached"] + pool["held"] == pool["slots"] == 512
+    assert state["cache"]["kind"] == kind
+    assert state["requests"]["running"] == [] and state["requests"]["waiting_total"] == 0

@@ -57,7 +57,7 @@ def resolve_trace(name: str | Path) -> Path:
             return base / named
         tried.append(base / named)
     raise FileNotFoundError(
-        f"no trace {str(name)!r} (tried {', '.join(display_path(p) for p in tried)}); "
+        f"no trace {str(name)!r} (tried {', '.join(dict.fromkeys(map(display_path, tried)))}); "
         f"short names: {', '.join(NAMED_TRACES)}; the shipped traces are under "
         f"{display_path(base)}/"
     )
