@@ -174,3 +174,20 @@ def test_other_caches_get_a_census_and_a_tree_stub(
     assert pool["free"] + pool["cached"] + pool["held"] == pool["slots"] == 512
     assert state["cache"]["kind"] == kind
     assert state["requests"]["running"] == [] and state["requests"]["waiting_total"] == 0
+
+
+def test_access_log_redacts_the_page_key() -> None:
+    import logging
+
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "GET", f"/dashboard?x=1&api_key={KEY}", "1.1", 200),
+        None,
+    )
+    for flt in logging.getLogger("uvicorn.access").filters:
+        flt.filter(record)  # type: ignore[union-attr]
+    assert KEY not in record.getMessage() and "api_key=<redacted>" in record.getMessage()
