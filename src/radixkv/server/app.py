@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from radixkv.server.async_engine import AsyncEngine, EngineLike
+from radixkv.server.dashboard import RecentRequests, install_dashboard
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.protocol import (
@@ -58,6 +60,9 @@ class ServerState:
             lambda tid: str(self.tokenizer.decode([tid], skip_special_tokens=False))
         )
         self.sessions = SessionTracker()
+        # Per-process secret for the dashboard's short hashes of ids and salts (never shown).
+        self.label_key = secrets.token_bytes(16)
+        self.recent = RecentRequests(self.label_key)
         self.metrics = ServerMetrics(lambda: self.engine.last_metrics)
         self.started = int(time.time())
 
@@ -86,6 +91,7 @@ def create_app(engine: EngineLike, model_name: str, api_key: str | None = None) 
     app.state.radixkv = state
     install_error_handlers(app)
     _install_routes(app, state)
+    install_dashboard(app, state)
     app.add_middleware(auth_and_count_middleware(state))
     return app
 
@@ -127,6 +133,7 @@ async def _generate(
         logprobs=sampling.logprobs is not None,
         echo=echo,
     )
+    gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
     if req.stream:
         return StreamingResponse(
             gen.sse(),

@@ -65,6 +65,8 @@ class Generation:
         self.finish_reason: str | None = None  # of the request: set when it ended
         self.error: str | None = None
         self._first_token = False
+        self.ttft_s: float | None = None
+        self.cache_salt: str | None = None
         self._done = False
         self._ended = False  # the engine reported the request finished
 
@@ -85,7 +87,8 @@ class Generation:
                 choice.finish_reason = delta.finish_reason
         if delta.new_token_ids and not self._first_token:
             self._first_token = True
-            self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+            self.ttft_s = time.perf_counter() - self.t0
+            self.state.metrics.ttft.observe(self.ttft_s)
         if delta.finish_reason in ("abort", "error"):
             self.finish_reason = delta.finish_reason  # any failed choice fails the request
             self.error = delta.error
@@ -115,6 +118,7 @@ class Generation:
         m.latency.observe(time.perf_counter() - self.t0)
         m.request_prompt_tokens.inc(self.prompt_tokens)
         m.request_cached_tokens.inc(self.cached_tokens)
+        self.state.recent.record(self, self.cache_salt)
         if self.session_id is not None:
             self.state.sessions.record(
                 self.session_id, self.prompt_tokens, self.cached_tokens, self.completion_tokens
