@@ -114,9 +114,16 @@ def test_n4_seeded_sampling_reproduces(srv: LiveServer) -> None:
     # Streaming the same request gives the same four texts, each with its own finish chunk.
     chunks = list(
         client.chat.completions.create(
-            model=MODEL, messages=msgs, extra_body=NO_EOS, stream=True, **kw
+            model=MODEL,
+            messages=msgs,
+            extra_body=NO_EOS,
+            stream=True,
+            stream_options={"include_usage": True},
+            **kw,
         )
     )
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 40 and usage.prompt_tokens > 0
     streamed = ["", "", "", ""]
     finish: dict[int, str] = {}
     for ch in chunks:
