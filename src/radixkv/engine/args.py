@@ -66,6 +66,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=_D.regret_window,
         help="recent requests over which the live hit rate is compared with Belady's (0: off)",
     )
+    g.add_argument(
+        "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
+    )
     return parser
 
 
@@ -88,4 +91,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         seed=args.seed,
         regret_window=args.regret_window,
+        max_n=args.max_n,
     )
