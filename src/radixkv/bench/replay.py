@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from radixkv.bench.replay_oracle import fill_gap_closed, hold_session, replay_belady, session_ends
 from radixkv.bench.trace_files import (
     DEFAULT_REPLAY_TRACE,
     NAMED_TRACES,
@@ -32,7 +33,6 @@ from radixkv.bench.trace_files import (
 from radixkv.bench.traces import DEFAULT_SESSION_GAP_S, TraceRequest, load_trace, trace_summary
 from radixkv.cache import available_policies
 from radixkv.cache.base import PrefixCache
-from radixkv.cache.belady import belady
 
 CacheFactory = Callable[[], PrefixCache]
 ORACLES = ("belady",)  # offline optima: they know the future; marked in every table
@@ -112,7 +112,7 @@ def replay(
     """
     cache = cache_factory()
     res = ReplayResult(capacity, policy, type(cache).__name__, cache.page_size)
-    sessions = _session_ends(requests) if policy.startswith("session-") else {}
+    sessions = session_ends(requests) if policy.startswith("session-") else {}
     next_slot = 0
     start = time.perf_counter()
     desc = f"{policy or 'ideal'} cap={_fmt_tokens(capacity)}"
@@ -130,7 +130,7 @@ def replay(
         next_slot += n  # slot ids are never reused: each cached token owns a distinct one
         res.inserted_new_tokens += cache.total_size - before
         if sessions:
-            res.sessions_closed += _hold_session(cache, req, tokens, sessions.get(req.session) == i)
+            res.sessions_closed += hold_session(cache, req, tokens, sessions.get(req.session) == i)
         res.peak_size = max(res.peak_size, cache.total_size)
         if capacity is not None and cache.total_size > capacity:
             res.evicted_tokens += len(cache.evict(cache.total_size - capacity))
@@ -141,52 +141,6 @@ def replay(
     res.cache_stats = {k: int(v) for k, v in asdict(cache.stats()).items()}
     res.wall_s = time.perf_counter() - start
     return res
-
-
-def _session_ends(requests: Sequence[TraceRequest]) -> dict[str, int]:
-    """Session id -> 1-based index of its last request (when the replay closes it)."""
-    return {r.session: i for i, r in enumerate(requests, 1) if r.session}
-
-
-def _hold_session(cache: Any, req: TraceRequest, tokens: Sequence[int], last: bool) -> int:
-    """The request's session now references the path just inserted; after the session's last
-    request the session closes (its reference drops). Returns 1 on a close."""
-    if not req.session or not hasattr(cache, "hold_session"):
-        return 0
-    if last:
-        cache.release_session(req.session)
-        return 1
-    cache.hold_session(req.session, cache.match(tokens, record=False).handle)
-    return 0
-
-
-def replay_belady(requests: Sequence[TraceRequest], capacity: int, page_size: int) -> ReplayResult:
-    """Belady's offline optimum at `capacity` tokens (whole pages), counted like `replay`.
-
-    A page's key is the id of its last token: trace token ids are `block * block_size +
-    offset` over chained block ids, so that one id already names the whole prefix (and costs
-    nothing to compute, unlike hashing every page)."""
-    start = time.perf_counter()
-    keys = [_trace_page_keys(r, page_size) for r in requests]
-    opt = belady(keys, capacity // page_size)
-    res = ReplayResult(capacity, "belady", "oracle", page_size, requests=len(requests))
-    for req, pages in zip(requests, opt.hit_pages, strict=True):
-        hit = min(pages * page_size, req.input_length)
-        res.hit_tokens += hit
-        res.hit_blocks += req.num_blocks if hit >= req.hashed_length else hit // req.block_size
-        res.input_tokens += req.input_length
-        res.blocks += req.num_blocks
-    res.evicted_tokens = opt.evicted_pages * page_size
-    res.peak_size = opt.peak_pages * page_size
-    res.wall_s = time.perf_counter() - start
-    return res
-
-
-def _trace_page_keys(req: TraceRequest, page_size: int) -> list[int]:
-    tokens = req.token_ids()
-    full = len(tokens) // page_size * page_size
-    keys: list[int] = tokens[page_size - 1 : full : page_size].tolist()
-    return keys
 
 
 def make_factory(kind: str, page_size: int, policy: str) -> CacheFactory:
@@ -261,21 +215,6 @@ def replay_grid(
             report.results.append(replay(requests, fac, cap, policy=pol, progress=progress))
     fill_gap_closed(report.results)
     return report
-
-
-def fill_gap_closed(results: Sequence[ReplayResult]) -> None:
-    """Where lru and belady ran at a capacity, each online policy there gets the fraction of the
-    lru -> belady gap it closes (None where the gap is empty)."""
-    by_cap: dict[int | None, dict[str, ReplayResult]] = {}
-    for r in results:
-        by_cap.setdefault(r.capacity, {})[r.policy] = r
-    for runs in by_cap.values():
-        lru, opt = runs.get("lru"), runs.get("belady")
-        if lru is None or opt is None or opt.hit_tokens <= lru.hit_tokens:
-            continue
-        for r in runs.values():
-            if not r.oracle:
-                r.gap_closed = (r.hit_tokens - lru.hit_tokens) / (opt.hit_tokens - lru.hit_tokens)
 
 
 # ---------------------------------------------------------------- output
