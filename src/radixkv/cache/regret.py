@@ -52,7 +52,7 @@ class RegretWindow:
         self.max_pages = max_pages
         self.every = every
         # (page keys, prompt tokens, served tokens) per request, oldest first
-        self._window: deque[tuple[list[bytes], int, int]] = deque()
+        self._window: deque[tuple[list[int], int, int]] = deque()
         self._pages = 0
         self._since = 0
         self.last = RegretReport(0, 0, 0.0, 0.0, capacity_tokens)
