@@ -5,7 +5,7 @@
     (safetensors), for fast model/engine/server tests: built once per session and key (a few
     seconds, mostly importing transformers); `radixkv.model.load_model(path)` then takes ~0.3 s.
     `arch` is one of "llama", "qwen2", "qwen3", "mistral", or a hybrid "gemma3", "qwen3_5",
-    "lfm2" (layer mixes in HYBRID_TINY; see tests/model/test_hybrid_*.py). Shape: hidden 64, 2 layers, 4 query
+    "lfm2" (their layer mixes: HYBRID_TINY). Shape: hidden 64, 2 layers (hybrids 3-4), 4 query
     heads, 2 KV heads (head_dim 16), intermediate 128, vocab 49152, max positions 1024; Mistral
     has sliding_window=8 so short sequences already run past the window. Keyword overrides go to
     the transformers config class (e.g. `tie_word_embeddings=True`, `num_hidden_layers=3`).

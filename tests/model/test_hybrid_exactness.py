@@ -53,7 +53,7 @@ def tokens(n: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefill_chunks_and_decode(arch: str, setups: dict) -> None:
-    """Whole prefill; then chunks crossing the window (8) and the DeltaNet chunk (64), then decode."""
+    """Whole prefill; chunks crossing the window (8) and the DeltaNet chunk (64); decode."""
     lm, hf = setups[arch]
     seq = tokens(90, seed=1)
     ref = reference(hf, seq)

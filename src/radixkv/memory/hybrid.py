@@ -4,10 +4,10 @@ A hybrid model has up to three kinds of layers, each with its own memory compone
 - FULL attention layers keep K/V for every token, in a `KVPool` over only those layers;
 - SWA (sliding-window) layers keep K/V too, in a second `KVPool` over only those layers, with their
   own slot numbering (a request needs only the last W tokens there);
-- STATE layers (gated DeltaNet recurrent + conv state, LFM2 short-conv state) keep a fixed-size state
-  per sequence, in a `StatePool`: one slot holds the state of ALL state layers of one sequence at one
-  boundary. Working states of running requests and cached checkpoints are slots of the same pool;
-  copy-on-write is done by copying whole slots (`copy_state`).
+- STATE layers (gated DeltaNet recurrent + conv state, LFM2 short-conv state) keep a fixed-size
+  state per sequence, in a `StatePool`: one slot holds the state of ALL state layers of one
+  sequence at one boundary. Working states of running requests and cached checkpoints are slots
+  of the same pool; copy-on-write is done by copying whole slots (`copy_state`).
 
 These are tensor owners only; which slot belongs to whom is the allocators' and the tree's business.
 """
@@ -136,7 +136,7 @@ class PoolSpec:
     """Which components a model needs, and their shapes (per slot).
 
     FULL pool layer j = the model's j-th full-attention layer; SWA pool layer j = its j-th sliding
-    layer; state layer j = its j-th state layer. K/V heads and head_dim are shared by FULL and SWA."""
+    layer; state layer j = its j-th state layer. FULL and SWA share K/V heads and head_dim."""
 
     num_full_layers: int
     num_swa_layers: int

@@ -69,7 +69,7 @@ class ModelConfig:
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
-        """"swa" for every layer of an all-sliding model (Mistral), else "full" for all: a model
+        """ "swa" for every layer of an all-sliding model (Mistral), else "full" for all: a model
         mixing windowed and full layers (Qwen2/3 `max_window_layers`) keeps every layer in the
         FULL pool, where the window is applied by attention."""
         w = self.layer_windows

@@ -8,7 +8,8 @@ and write strength beta_t, token t does:
     o_t = S^T q_t
 The chunked form computes the same thing c tokens at a time with matmuls. Inside a chunk let
 G_i = g_1 + ... + g_i (log of the decay since the chunk start) and S0 the state before it. Then
-    u = T^-1 (beta V) - T^-1 (beta exp(G) K) S0,   T = I + strictly_lower(beta_i exp(G_i - G_j) k_i.k_j)
+    u = T^-1 (beta V) - T^-1 (beta exp(G) K) S0,
+    T = I + strictly_lower(beta_i exp(G_i - G_j) k_i.k_j)
     o_i = exp(G_i) q_i^T S0 + sum_{j <= i} exp(G_i - G_j) (q_i.k_j) u_j
     S_end = exp(G_c) S0 + sum_j exp(G_c - G_j) k_j u_j^T
 Only differences G_i - G_j with j <= i and G_i <= 0 are exponentiated, so nothing overflows.

@@ -38,7 +38,9 @@ class Gemma3Config(HybridConfig):
         if raw.get("use_bidirectional_attention"):
             raise UnsupportedArchitectureError(f"{ARCH}: bidirectional attention is not supported")
         if raw.get("attn_logit_softcapping") is not None:
-            raise UnsupportedArchitectureError(f"{ARCH}: attention logit soft-capping is not supported")
+            raise UnsupportedArchitectureError(
+                f"{ARCH}: attention logit soft-capping is not supported"
+            )
         raw = dict(raw)
         if raw.get("layer_types") is None:
             pattern = int(raw.get("sliding_window_pattern", 6))

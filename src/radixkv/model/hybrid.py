@@ -44,7 +44,9 @@ def layer_kinds(raw: dict[str, Any], num_layers: int) -> tuple[str, ...]:
         kind = "swa" if raw.get("sliding_window") else "full"
         return (kind,) * num_layers
     if len(types) != num_layers:
-        raise UnsupportedArchitectureError(f"layer_types has {len(types)} entries, not {num_layers}")
+        raise UnsupportedArchitectureError(
+            f"layer_types has {len(types)} entries, not {num_layers}"
+        )
     unknown = sorted({t for t in types if t not in _HF_KINDS})
     if unknown:
         raise UnsupportedArchitectureError(f"unsupported layer types {unknown}")

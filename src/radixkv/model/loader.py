@@ -19,7 +19,6 @@ from radixkv.model.llama import CausalLM
 from radixkv.model.tokenizer import Tokenizer
 from radixkv.model.weights import SafetensorsWeights
 
-
 # Hybrid architecture → (module, config class, model class) under radixkv.model.
 FAMILIES: dict[str, tuple[str, str, str]] = {
     "Gemma3ForCausalLM": ("gemma3", "Gemma3Config", "Gemma3LM"),

@@ -96,10 +96,14 @@ class GatedDeltaNet(nn.Module):
         self.norm_w, self.out_w = w.need("norm.weight"), w.need("out_proj.weight")
         self.eps = cfg.rms_norm_eps
 
-    def forward(self, h: torch.Tensor, state: dict[str, torch.Tensor], meta: StateMeta) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, state: dict[str, torch.Tensor], meta: StateMeta
+    ) -> torch.Tensor:
         c = self.cfg
         t = h.shape[0]
-        mixed = F.silu(causal_conv(F.linear(h, self.qkv_w), state["conv"], meta, self.conv_w, self.conv_b))
+        mixed = F.silu(
+            causal_conv(F.linear(h, self.qkv_w), state["conv"], meta, self.conv_w, self.conv_b)
+        )
         kd = c.k_heads * c.k_dim
         q, k, v = mixed.split([kd, kd, c.v_heads * c.v_dim], dim=-1)
         q, k = deltanet.prepare_qk(
