@@ -136,3 +136,16 @@ def test_gemma3_window_is_applied(setups: dict, tiny_model_dir: Callable[..., Pa
     windowed, full = run(lm), run(load_model(tiny_model_dir("gemma3", sliding_window=64)))
     assert torch.allclose(windowed[:8], full[:8], rtol=1e-5, atol=1e-5)
     assert (windowed[9:] - full[9:]).abs().max() > 1e-2
+
+
+def test_gemma3_final_logit_softcapping(tiny_model_dir: Callable[..., Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_dir("gemma3", final_logit_softcapping=2.0)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    lm = load_model(path)
+    seq = tokens(12, seed=8)
+    sess = Session(lm)
+    got = sess.step([(sess.new(seq), 12)])[0]
+    assert float(got.abs().max()) <= 2.0
+    assert_close(got, reference(hf, seq))
