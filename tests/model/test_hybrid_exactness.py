@@ -19,7 +19,7 @@ import torch
 from radixkv.model import LoadedModel, load_model
 from radixkv.model.hybrid_simple import Session, greedy_generate_hybrid
 
-ARCHS = ("gemma3", "qwen3_5", "lfm2", "mistral")
+ARCHS = ("gemma3", "qwen3_5", "lfm2", "qwen3_next", "mistral")
 RTOL = 1e-4
 
 

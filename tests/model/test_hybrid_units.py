@@ -146,3 +146,16 @@ def test_deltanet_chunked_equals_recurrent() -> None:
         got, s_end = chunked(q, k, v, gate, beta, s0, chunk=chunk)
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
         assert torch.allclose(s_end, s[0], atol=1e-4, rtol=1e-4)
+
+
+def test_qwen3_next_layout(tiny_model_dir: Callable[..., Path]) -> None:
+    """MoE on the sparse grid except mlp_only_layers; fused DeltaNet projections all consumed."""
+    from radixkv.model.qwen3_5 import DenseMLP
+    from radixkv.model.qwen3_next import SparseMoE
+
+    lm = load_model(tiny_model_dir("qwen3_next"))  # raises if a checkpoint tensor went unused
+    mlps = [type(layer.mlp) for layer in lm.model.layers]
+    assert mlps == [SparseMoE, SparseMoE, DenseMLP]
+    assert (
+        lm.config.pool_spec().num_full_layers == 1 and len(lm.config.pool_spec().state_layers) == 2
+    )

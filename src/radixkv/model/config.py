@@ -29,6 +29,7 @@ HYBRID_ARCHITECTURES: tuple[str, ...] = (
     "Gemma3ForCausalLM",
     "Qwen3_5ForCausalLM",
     "Lfm2ForCausalLM",
+    "Qwen3NextForCausalLM",
 )
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
 

@@ -24,6 +24,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "Gemma3ForCausalLM": ("gemma3", "Gemma3Config", "Gemma3LM"),
     "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen35Config", "Qwen35LM"),
     "Lfm2ForCausalLM": ("lfm2", "Lfm2Config", "Lfm2LM"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextConfig", "Qwen3NextLM"),
 }
 assert set(FAMILIES) == set(HYBRID_ARCHITECTURES)
 

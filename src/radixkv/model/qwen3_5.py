@@ -40,7 +40,12 @@ class Qwen35Config(HybridConfig):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], gen: dict[str, Any] | None = None) -> Qwen35Config:
-        raw = dict(raw.get("text_config") or raw) | {"architectures": [ARCH]}
+        return cls(**cls.parse(raw, gen, ARCH))
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], gen: dict[str, Any] | None, arch: str) -> dict[str, Any]:
+        """The fields shared with Qwen3-Next, as constructor keyword arguments."""
+        raw = dict(raw.get("text_config") or raw) | {"architectures": [arch]}
         n = int(raw["num_hidden_layers"])
         if raw.get("layer_types") is None:
             every = int(raw.get("full_attention_interval", 4))
@@ -48,16 +53,16 @@ class Qwen35Config(HybridConfig):
                 "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)
             ]
         if raw.get("hidden_act", "silu") != "silu" or raw.get("attention_bias"):
-            raise UnsupportedArchitectureError(f"{ARCH}: only silu, no attention bias")
+            raise UnsupportedArchitectureError(f"{arch}: only silu, no attention bias")
         params = dict(raw.get("rope_parameters") or {})
         partial = float(params.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
         for k in ("mrope_section", "mrope_interleaved"):  # text-only: all sections share positions
             params.pop(k, None)
-        theta, scaling = _parse_rope({"rope_parameters": params, **_theta(raw)}, ARCH)
+        theta, scaling = _parse_rope({"rope_parameters": params, **_theta(raw)}, arch)
         if scaling is not None:
-            raise UnsupportedArchitectureError(f"{ARCH}: rope scaling is not supported")
+            raise UnsupportedArchitectureError(f"{arch}: rope scaling is not supported")
         common = cls.common(raw, gen, sliding_window=None)
-        return cls(
+        return dict(
             **common,
             rope_theta=theta,
             rotary_dim=int(common["head_dim"] * partial),
@@ -185,6 +190,21 @@ class GatedAttention(nn.Module):
         return F.linear(o, self.o_w)
 
 
+class DenseMLP(nn.Module):
+    """SwiGLU MLP (gate and up projections fused)."""
+
+    def __init__(self, w: Weights) -> None:
+        super().__init__()
+        gate = w.need("gate_proj.weight")
+        self.inter = gate.shape[0]
+        self.gate_up_w = nn.Parameter(torch.cat([gate, w.need("up_proj.weight")]), False)
+        self.down_w = w.need("down_proj.weight")
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(h, self.gate_up_w).split(self.inter, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_w)
+
+
 class Qwen35Layer(nn.Module):
     def __init__(self, cfg: Qwen35Config, index: int, w: Weights) -> None:
         super().__init__()
@@ -198,12 +218,10 @@ class Qwen35Layer(nn.Module):
             self.mixer = GatedDeltaNet(cfg, w.sub("linear_attn."))
         else:
             self.mixer = GatedAttention(cfg, w.sub("self_attn."))
-        m = w.sub("mlp.")
-        self.inter = m.need("gate_proj.weight").shape[0]
-        self.gate_up_w = nn.Parameter(
-            torch.cat([m.need("gate_proj.weight"), m.need("up_proj.weight")]), requires_grad=False
-        )
-        self.down_w = m.need("down_proj.weight")
+        self.mlp = self.make_mlp(cfg, index, w.sub("mlp."))
+
+    def make_mlp(self, cfg: Qwen35Config, index: int, w: Weights) -> nn.Module:
+        return DenseMLP(w)
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         h = rms_norm_1p(x, self.in_norm, self.eps)
@@ -213,12 +231,12 @@ class Qwen35Layer(nn.Module):
             x = x + self.mixer(h, state, step.cache["state"])
         else:
             x = x + self.mixer(h, step, self.pool_layer)
-        h = rms_norm_1p(x, self.post_norm, self.eps)
-        gate, up = F.linear(h, self.gate_up_w).split(self.inter, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_w)
+        return x + self.mlp(rms_norm_1p(x, self.post_norm, self.eps))
 
 
 class Qwen35LM(HybridLM):
+    layer_cls: type[Qwen35Layer] = Qwen35Layer
+
     def __init__(
         self,
         cfg: Qwen35Config,
@@ -227,11 +245,11 @@ class Qwen35LM(HybridLM):
         attention: AttentionBackend | None = None,
     ) -> None:
         if "swa" in cfg.layer_kinds:
-            raise UnsupportedArchitectureError(f"{ARCH}: sliding layers are not supported")
+            raise UnsupportedArchitectureError(f"{cfg.architecture}: no sliding layers supported")
         w = Weights(get)
         super().__init__(cfg, w, device, attention)
         self.layers = nn.ModuleList(
-            Qwen35Layer(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
+            self.layer_cls(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
         )
         self.norm = w.need("model.norm.weight")
         self.eps = cfg.rms_norm_eps
