@@ -138,12 +138,19 @@ def test_gemma3_window_is_applied(setups: dict, tiny_model_dir: Callable[..., Pa
     assert (windowed[9:] - full[9:]).abs().max() > 1e-2
 
 
-def test_gemma3_final_logit_softcapping(tiny_model_dir: Callable[..., Path]) -> None:
+def test_gemma3_softcapping_and_scaled_global_rope(tiny_model_dir: Callable[..., Path]) -> None:
+    """Final logit soft-capping, and the larger Gemma 3s' linearly scaled RoPE on full layers
+    (a different base per layer kind)."""
     from transformers import AutoModelForCausalLM
 
-    path = tiny_model_dir("gemma3", final_logit_softcapping=2.0)
+    rope = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    }
+    path = tiny_model_dir("gemma3", final_logit_softcapping=2.0, rope_parameters=rope)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     lm = load_model(path)
+    assert dict(lm.config.rope_full[1] or {}).get("factor") == 8.0
     seq = tokens(12, seed=8)
     sess = Session(lm)
     got = sess.step([(sess.new(seq), 12)])[0]
