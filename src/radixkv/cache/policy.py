@@ -155,11 +155,8 @@ def _register_online() -> None:
     """Policies in their own modules (imported lazily: they import this one)."""
     from radixkv.cache.predictive import PredictivePolicy
     from radixkv.cache.segmented import S3FIFOPolicy
-    from radixkv.cache.tinylfu import TinyLFUPolicy, WTinyLFUPolicy
 
     _REGISTRY["s3fifo"] = S3FIFOPolicy
-    _REGISTRY["tinylfu"] = TinyLFUPolicy
-    _REGISTRY["wtinylfu"] = WTinyLFUPolicy
     _REGISTRY["predict"] = PredictivePolicy
 
 
