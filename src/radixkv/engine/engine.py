@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.engine import setup
+from radixkv.engine import setup, tier_setup
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
@@ -50,6 +50,7 @@ class Engine:
             overrides.setdefault("model", model)
         cfg = dataclasses.replace(cfg, **overrides)
         setup.validate_config(cfg)
+        tier_setup.validate_tier_config(cfg)
         device = setup.resolve_device(cfg.device)
         dtype = setup.resolve_dtype(cfg.dtype, device)
         # A loaded model object (anything with .model/.config/.tokenizer) is used as is.
@@ -76,6 +77,10 @@ class Engine:
         self.table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
         self.cache = setup.make_prefix_cache(cfg)
         self.kv = KVManager(self.allocator, self.table, self.cache)
+        self.tiers = self.kv.tiers = tier_setup.make_tiers(cfg, self.pool, self.lm)
+        # Requests held back until their L3 prefetch lands (wait_complete / timeout policies).
+        self._prefetching: dict[str, tuple[Request, float]] = {}
+        self._tier_hits = {"device": 0, "host": 0, "storage": 0}
         self.scheduler = Scheduler(cfg, self.kv)
         self.runner = ModelRunner(self.lm.model, self.pool, self.table)
         self._requests: dict[str, Request] = {}
@@ -100,7 +105,7 @@ class Engine:
         sampling.validate()
         ids = self.tokenizer.encode(prompt_ids) if isinstance(prompt_ids, str) else prompt_ids
         ids = self._validate_prompt(ids, sampling)
-        if len(self.scheduler.waiting) >= self.config.max_queued_requests:
+        if len(self.scheduler.waiting) + len(self._prefetching) >= self.config.max_queued_requests:
             raise RequestError("too many queued requests; retry later", code=503)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
@@ -118,8 +123,31 @@ class Engine:
             generator=gen,
         )
         self._requests[rid] = req
-        self.scheduler.add(req)
+        self._queue(req)
         return rid
+
+    def _queue(self, req: Request) -> None:
+        """To the scheduler, or first to the prefetch hold when L3 has pages for it and the
+        policy waits for them (never longer than the policy's bound: no request hangs)."""
+        policy = self.config.hicache_storage_prefetch_policy
+        if self.tiers is None or not self.tiers.start_prefetch(self.kv, req):
+            self.scheduler.add(req)
+        elif policy == "best_effort":
+            self.scheduler.add(req)
+        else:
+            t = self.config.hicache_prefetch_timeout_s if policy == "timeout" else 60.0
+            self._prefetching[req.request_id] = (req, time.monotonic() + t)
+
+    def _poll_tiers(self) -> None:
+        """Land finished storage I/O; admit held requests whose prefetch is done or timed out."""
+        if self.tiers is None:
+            return
+        self.tiers.poll()
+        now = time.monotonic()
+        for rid, (req, deadline) in list(self._prefetching.items()):
+            if not self.tiers.prefetch_pending(rid) or now >= deadline:
+                del self._prefetching[rid]
+                self.scheduler.add(req)
 
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
         ids = [int(t) for t in ids]
@@ -147,13 +175,14 @@ class Engine:
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or bool(self._pending)
+        return self.scheduler.has_work or bool(self._pending) or bool(self._prefetching)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its last delta (next step()) has finish_reason='abort'."""
         req = self._requests.get(request_id)
         if req is None or req.finished:
             return False
+        self._prefetching.pop(request_id, None)
         self.scheduler.remove(req)
         self._pending.append(self._finish(req, "abort", []))
         return True
@@ -162,7 +191,10 @@ class Engine:
     def step(self) -> list[StreamDelta]:
         """One scheduler step; deltas for requests that produced tokens or finished."""
         deltas, self._pending = self._pending, []
+        self._poll_tiers()
         sched = self.scheduler.schedule()
+        if sched.empty and self._prefetching and self.tiers is not None:
+            self.tiers.poll(timeout=0.005)  # only held prefetches left: wait briefly, no spin
         if sched.empty:
             if self.scheduler.waiting and not self.scheduler.running:
                 # Unreachable while admission checks hold (every queued request fits the
@@ -186,6 +218,7 @@ class Engine:
         self._generated_total += 1
         if req.first_token_time is None:
             req.first_token_time = now
+            self._count_tier_hits(req)
         sp = req.sampling
         reason: FinishReason | None = None
         if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in self.eos_token_ids):
@@ -209,6 +242,8 @@ class Engine:
         req.sent_tokens = req.num_output
         self._requests.pop(req.request_id, None)
         self._finished_total += 1
+        if self.tiers is not None:
+            self.tiers.forget(req.request_id)
         return self._delta(req, new_ids, req.stream.take(final=True), reason)
 
     def _delta(
@@ -223,6 +258,23 @@ class Engine:
             prompt_tokens=req.num_prompt,
             cached_tokens=req.cached_tokens,
             completion_tokens=req.num_output,
+        )
+
+    def _count_tier_hits(self, req: Request) -> None:
+        """Split the request's cached prompt tokens by the tier they came from."""
+        host, storage = self.tiers.loaded_split(req.request_id) if self.tiers else (0, 0)
+        host, storage = min(host, req.cached_tokens), min(storage, req.cached_tokens - host)
+        self._tier_hits["device"] += req.cached_tokens - host - storage
+        self._tier_hits["host"] += host
+        self._tier_hits["storage"] += storage
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Clean shutdown: flush pending L3 writes (bounded) and stop the storage threads; True
+        when nothing was left unwritten. The engine must not be stepped afterwards."""
+        if self.tiers is None:
+            return True
+        return self.tiers.close(
+            self.config.hicache_flush_timeout_s if timeout_s is None else timeout_s
         )
 
     # -- blocking helpers ----------------------------------------------------------------------
@@ -283,7 +335,7 @@ class Engine:
         s = self.scheduler
         return EngineMetrics(
             running_requests=len(s.running),
-            waiting_requests=len(s.waiting),
+            waiting_requests=len(s.waiting) + len(self._prefetching),
             pool_slots=self.allocator.num_slots,
             free_slots=self.allocator.free_slots,
             cached_tokens_in_tree=self.cache.total_size if self.cache is not None else 0,
@@ -293,6 +345,8 @@ class Engine:
             generated_tokens_total=self._generated_total,
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
+            cached_tokens_by_tier=dict(self._tier_hits) if self.tiers is not None else {},
+            tier_stats=self.tiers.stats() if self.tiers is not None else {},
         )
 
     def check_memory(self) -> None:
