@@ -75,7 +75,9 @@ class TierManager:
         self._dev_hash: dict[int, bytes] = {}
         self._hashes: dict[str, list[bytes]] = {}  # request id -> chained page hashes so far
         self._loaded: dict[str, list[int]] = {}  # request id -> [host, storage] tokens loaded
-        self._fetching: dict[int, list[bytes]] = {}  # fetch id -> hashes asked for
+        self._fetching: dict[int, tuple[str, list[bytes]]] = {}  # fetch id -> (request, hashes)
+        # Host pages a request's prefetch landed, pinned (held) until its match used them.
+        self._req_pins: dict[str, list[int]] = {}
         self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
         self._fetch_ids = 0
         self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
@@ -106,6 +108,11 @@ class TierManager:
         self._hashes.pop(request_id, None)
         self._req_fetch.pop(request_id, None)
         self._loaded.pop(request_id, None)
+        self._unpin_request(request_id)
+
+    def _unpin_request(self, request_id: str) -> None:
+        for hp in self._req_pins.pop(request_id, []):
+            self.index.unpin(hp)
 
     def loaded_split(self, request_id: str) -> tuple[int, int]:
         """(host, storage) prompt tokens this request loaded from the lower tiers; forgets it."""
@@ -171,6 +178,14 @@ class TierManager:
         """Continue a locked L1 match of req through L2: load the following pages found in the
         host index into fresh device pages, insert them into the tree, move req's lock onto the
         longer prefix. Returns the new (length, slots); unchanged when nothing was found."""
+        try:
+            return self._extend(kv, req, length, slots)
+        finally:
+            self._unpin_request(req.request_id)  # its prefetched pages have served their turn
+
+    def _extend(
+        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
+    ) -> tuple[int, np.ndarray]:
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
         start = length // ps
@@ -245,7 +260,7 @@ class TierManager:
         fid = self._fetch_ids = self._fetch_ids + 1
         if not want or not self.worker.submit_fetch(fid, [h.hex() for h in want]):
             return False
-        self._fetching[fid] = want
+        self._fetching[fid] = (req.request_id, want)
         self._req_fetch[req.request_id] = fid
         self.counters.prefetch_started += 1
         return True
@@ -269,8 +284,10 @@ class TierManager:
                 self._land(res)
 
     def _land(self, res: FetchDone) -> None:
-        # Landed even if its request is gone: the pages are verified and likely wanted again.
-        hashes = self._fetching.pop(res.token, [])
+        # Landed even if its request is gone: the pages are verified and likely wanted again;
+        # pinned for a request still waiting, so other landings cannot push them out first.
+        rid, hashes = self._fetching.pop(res.token, ("", []))
+        live = self._req_fetch.get(rid) == res.token
         for h, payload in zip(hashes, res.payloads, strict=False):
             self._stored.add(h)
             if self.index.lookup(h) is not None:
@@ -281,6 +298,9 @@ class TierManager:
             self.host.write_payload(got[0], payload)
             self.index.add(h, got[0], origin="storage")
             self.counters.prefetch_pages += 1
+            if live:
+                self.index.pin(got[0])
+                self._req_pins.setdefault(rid, []).append(got[0])
 
     # -- whole-tier operations -----------------------------------------------------------------
     def flush(self, device_reset: bool) -> None:
