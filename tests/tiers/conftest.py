@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from redis_proc import RedisServer  # noqa: E402
+from redis_proc import RedisServer
 
 
 @pytest.fixture

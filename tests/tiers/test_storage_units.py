@@ -30,7 +30,11 @@ def test_codec_roundtrip_and_every_corruption_is_detected() -> None:
             decode_page("k1", META, v)
         assert name
     with pytest.raises(CorruptPage):  # another model's page (valid checksum, foreign header)
-        decode_page("k1", META, encode_page("k1", PageMeta("fp-b", *list(vars(META).values())[1:]), b"12345678"))
+        decode_page(
+            "k1",
+            META,
+            encode_page("k1", PageMeta("fp-b", *list(vars(META).values())[1:]), b"12345678"),
+        )
     with pytest.raises(CorruptPage):  # a valid value moved under another key
         decode_page("k2", META, value)
 

@@ -12,9 +12,7 @@ from tier_helpers import reference, run, run_one_by_one, tier_engine
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize(
-    "policy", ["write_through", "write_through_selective", "write_back"]
-)
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
 def test_l2_hits_do_not_change_outputs(policy: str, page_size: int) -> None:
     e = tier_engine(hicache_write_policy=policy, page_size=page_size)
     want = reference()
@@ -26,8 +24,9 @@ def test_l2_hits_do_not_change_outputs(policy: str, page_size: int) -> None:
     by_tier = e.metrics().cached_tokens_by_tier
     assert by_tier["host"] > 0, by_tier
     stats = e.metrics().tier_stats
-    assert stats["host_free_pages"] + stats["host_cached_pages"] + stats["host_held_pages"] == (
-        stats["host_pool_pages"]
+    assert (
+        stats["host_free_pages"] + stats["host_cached_pages"] + stats["host_held_pages"]
+        == (stats["host_pool_pages"])
     )
 
 

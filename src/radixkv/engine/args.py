@@ -85,11 +85,15 @@ def _add_tier_args(parser: argparse.ArgumentParser) -> None:
         help="how long a request waits for its L3 pages before recomputing the rest",
     )
     g.add_argument(
-        "--hicache-prefetch-timeout", type=float, default=_D.hicache_prefetch_timeout_s,
+        "--hicache-prefetch-timeout",
+        type=float,
+        default=_D.hicache_prefetch_timeout_s,
         help="seconds a request waits for L3 under the timeout policy",
     )
     g.add_argument(
-        "--hicache-storage-timeout", type=float, default=_D.hicache_storage_timeout_s,
+        "--hicache-storage-timeout",
+        type=float,
+        default=_D.hicache_storage_timeout_s,
         help="timeout of every storage call, seconds",
     )
 

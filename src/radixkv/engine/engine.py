@@ -130,9 +130,8 @@ class Engine:
         """To the scheduler, or first to the prefetch hold when L3 has pages for it and the
         policy waits for them (never longer than the policy's bound: no request hangs)."""
         policy = self.config.hicache_storage_prefetch_policy
-        if self.tiers is None or not self.tiers.start_prefetch(self.kv, req):
-            self.scheduler.add(req)
-        elif policy == "best_effort":
+        started = self.tiers is not None and self.tiers.start_prefetch(self.kv, req)
+        if not started or policy == "best_effort":
             self.scheduler.add(req)
         else:
             t = self.config.hicache_prefetch_timeout_s if policy == "timeout" else 60.0

@@ -1,4 +1,4 @@
-"""Building the hierarchical cache from an EngineConfig: checks, L2 sizing, the model fingerprint."""
+"""Building the hierarchical cache from an EngineConfig: checks, L2 size, the model fingerprint."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def validate_tier_config(cfg: EngineConfig) -> None:
     if cfg.hicache_size is not None and cfg.hicache_size <= 0:
         raise ValueError("hicache_size must be > 0 MiB")
     if cfg.tiers_enabled and not cfg.prefix_cache_enabled:
-        raise ValueError("the hierarchical cache needs the prefix cache (drop --disable-radix-cache)")
+        raise ValueError(
+            "the hierarchical cache needs the prefix cache (drop --disable-radix-cache)"
+        )
     if cfg.tiers_enabled and cfg.cache != "radix":
         raise ValueError("the hierarchical cache needs cache='radix'")
 

@@ -21,7 +21,6 @@ insert, dropped on evict/reset), so a slot is never copied after it was freed.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +151,9 @@ class TierManager:
 
     def _save(self, dev_pages: list[int], hashes: list[bytes]) -> None:
         """Copy device pages to L2 (those not there yet, as many as fit) and queue L3 writes."""
-        todo = [(p, h) for p, h in zip(dev_pages, hashes, strict=True) if self.index.lookup(h) is None]
+        todo = [
+            (p, h) for p, h in zip(dev_pages, hashes, strict=True) if self.index.lookup(h) is None
+        ]
         n = min(len(todo), self.index.free_pages + self.index.cached_pages)
         if n == 0:
             return
@@ -174,7 +175,9 @@ class TierManager:
             self.index.unpin(hp)
 
     # -- match through the tiers ---------------------------------------------------------------
-    def extend(self, kv: KVManager, req: Request, length: int, slots: np.ndarray) -> tuple[int, np.ndarray]:
+    def extend(
+        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
+    ) -> tuple[int, np.ndarray]:
         """Continue a locked L1 match of req through L2: load the following pages found in the
         host index into fresh device pages, insert them into the tree, move req's lock onto the
         longer prefix. Returns the new (length, slots); unchanged when nothing was found."""
@@ -213,14 +216,21 @@ class TierManager:
         return self._adopt(kv, req, length, slots, host_pages, dev_pages)
 
     def _adopt(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray,
-        host_pages: list[int], dev_pages: list[int],
+        self,
+        kv: KVManager,
+        req: Request,
+        length: int,
+        slots: np.ndarray,
+        host_pages: list[int],
+        dev_pages: list[int],
     ) -> tuple[int, np.ndarray]:
         cache = kv.cache
         assert cache is not None
         new_len = length + len(dev_pages) * self.page_size
         full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
-        cached = cache.insert(req.tokens[:new_len], full, req.namespace, priority=req.options.priority)
+        cached = cache.insert(
+            req.tokens[:new_len], full, req.namespace, priority=req.options.priority
+        )
         if cached != length:  # single-threaded: the locked prefix is exactly what was there
             raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
         hs = self.hashes(req, new_len)[length // self.page_size :]

@@ -12,12 +12,13 @@ transitions are logged and counted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from radixkv.storage.base import StorageBackend, StorageError
@@ -48,7 +49,6 @@ class StorageCounters:
     errors: int = 0
     unhealthy_events: int = 0
     refused: int = 0  # jobs refused: queue full or backend in backoff
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 _STOP = object()
@@ -121,7 +121,9 @@ class StorageWorker:
         """Results so far; waits up to `timeout` for the first one when there is none."""
         out: list[WriteDone | FetchDone] = []
         try:
-            out.append(self.results.get(timeout=timeout) if timeout > 0 else self.results.get_nowait())
+            out.append(
+                self.results.get(timeout=timeout) if timeout > 0 else self.results.get_nowait()
+            )
         except queue.Empty:
             return out
         while True:
@@ -139,10 +141,8 @@ class StorageWorker:
 
     def close(self) -> None:
         for q in (self._writes, self._fetches):
-            try:
+            with contextlib.suppress(queue.Full):
                 q.put(_STOP, timeout=1.0)
-            except queue.Full:
-                pass
         for t in self._threads:
             t.join(timeout=2.0)
         self.backend.close()
