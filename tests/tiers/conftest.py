@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+for _helpers in ("engine", "server"):  # engine_helpers / server_harness, shared with those tests
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / _helpers))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from redis_proc import RedisServer
+from redis_proc import RedisServer  # noqa: E402
 
 
 @pytest.fixture
