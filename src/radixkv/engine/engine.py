@@ -344,7 +344,7 @@ class Engine:
             generated_tokens_total=self._generated_total,
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
-            cached_tokens_by_tier=dict(self._tier_hits) if self.tiers is not None else {},
+            cached_tokens_by_tier=dict(self._tier_hits),
             tier_stats=self.tiers.stats() if self.tiers is not None else {},
         )
 

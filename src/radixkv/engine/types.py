@@ -127,8 +127,8 @@ class EngineMetrics:
     num_preemptions: int
     finished_requests: int
     # Hierarchical cache: prompt tokens served per tier (first admission; device = L1 tree hit,
-    # host = loaded from L2, storage = fetched from L3), and the tiers' own figures (host pool
-    # census in pages, storage health and I/O counters); empty without tiers.
+    # host = loaded from L2, storage = fetched from L3; all device without tiers), and the
+    # tiers' own figures (host pool census in pages, storage health, I/O); empty without tiers.
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     tier_stats: dict[str, int] = field(default_factory=dict)
 
