@@ -119,3 +119,15 @@ def test_unwritable_storage_only_costs_hits(tmp_path: Path) -> None:
     (tmp_path / "l3").write_text("not a directory")
     with pytest.raises(Exception, match="storage directory"):
         tier_engine(**_storage(tmp_path))
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through_selective"])
+def test_clean_shutdown_saves_pages_only_l1_held(tmp_path: Path, policy: str) -> None:
+    want = reference()
+    a = tier_engine(num_slots=1024, hicache_write_policy=policy, **_storage(tmp_path))
+    assert run_one_by_one(a) == want  # everything fits L1: nothing was evicted or hit twice
+    assert a.close()
+    b = tier_engine(**_storage(tmp_path))
+    assert run_one_by_one(b) == want
+    assert b.metrics().cached_tokens_by_tier["storage"] > 0
+    b.close()

@@ -325,6 +325,10 @@ class TierManager:
         when nothing was left unwritten."""
         if self.worker is None:
             return True
+        if self.write_policy != "write_through" and self._dev_hash:
+            # Pages only L1 holds (write_back / selective) reach storage through L2 now, as
+            # many as L2 can stage; the rest of L1 is lost with the process.
+            self._save(list(self._dev_hash), list(self._dev_hash.values()))
         done = self.worker.drain_writes(timeout_s)
         self.poll()
         self.worker.close()
