@@ -76,6 +76,9 @@ class FlakyBackend:
             raise StorageError("down")
         return self.data.get(key)
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
     def delete(self, key: str) -> None:
         self.data.pop(key, None)
 

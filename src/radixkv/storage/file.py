@@ -54,6 +54,15 @@ class FileBackend:
         except OSError as exc:
             raise StorageError(f"file read failed: {exc}") from exc
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key in keys:
+            value = self.get(key)
+            out.append(value)
+            if value is None:  # callers stop at the first miss
+                break
+        return out + [None] * (len(keys) - len(out))
+
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()

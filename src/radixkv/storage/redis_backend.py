@@ -44,6 +44,10 @@ class RedisBackend:
         value = self._call("get", PREFIX + key)
         return None if value is None else bytes(value)
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        values = self._call("mget", [PREFIX + k for k in keys])
+        return [None if v is None else bytes(v) for v in values]
+
     def delete(self, key: str) -> None:
         self._call("delete", PREFIX + key)
 

@@ -68,6 +68,7 @@ class StorageWorker:
         self.counters = StorageCounters()
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
+        self.fetch_batch = 32  # keys per backend round trip
         self._healthy = True
         self._retry_at = 0.0
         self._backoff = retry_base_s
@@ -210,28 +211,39 @@ class StorageWorker:
         return True
 
     def _fetch(self, keys: list[str]) -> list[bytes]:
+        """Verified payloads of the leading run of `keys` present in storage, read in batches
+        of `fetch_batch` (one round trip each); stops at the first miss, error or bad value."""
         out: list[bytes] = []
-        for key in keys:
+        for start in range(0, len(keys), self.fetch_batch):
+            batch = keys[start : start + self.fetch_batch]
             if not self._usable():
                 break
             try:
-                value = self.backend.get(key)
+                values = self.backend.get_many(batch)
             except StorageError as exc:
                 self._failed(exc)
                 break
             self._ok()
-            if value is None:
-                self._count("reads_miss")
-                break
-            try:
-                out.append(decode_page(key, self.meta, value))
-            except CorruptPage as exc:
-                self._count("corrupt")
-                log.warning("L3 page %s failed verification (%s): deleted, recomputing", key, exc)
-                try:
-                    self.backend.delete(key)
-                except StorageError as del_exc:
-                    self._failed(del_exc)
-                break
-            self._count("reads_hit")
+            for key, value in zip(batch, values, strict=True):
+                if value is None:
+                    self._count("reads_miss")
+                    return out
+                payload = self._verify(key, value)
+                if payload is None:
+                    return out
+                out.append(payload)
+                self._count("reads_hit")
         return out
+
+    def _verify(self, key: str, value: bytes) -> bytes | None:
+        """The page's payload, or None after deleting a value that fails verification."""
+        try:
+            return decode_page(key, self.meta, value)
+        except CorruptPage as exc:
+            self._count("corrupt")
+            log.warning("L3 page %s failed verification (%s): deleted, recomputing", key, exc)
+            try:
+                self.backend.delete(key)
+            except StorageError as del_exc:
+                self._failed(del_exc)
+            return None
