@@ -1,8 +1,8 @@
 """`radixkv bench tiers`: what the host (L2) and storage (L3) tiers buy, in-process.
 
 Multi-turn: `--clients` conversations, `--rounds` rounds; in each round every client sends its
-whole history (earlier prompts and answers) plus a new `--turn-len`-token turn, all clients
-concurrently. The device pool (L1) is sized to `--l1-frac` of the final working set, L2 to
+whole history (earlier prompts and answers) plus a new `--turn-len`-token turn, `--concurrency`
+requests in flight. The device pool (L1) is sized to `--l1-frac` of the final working set, L2 to
 `--l2-frac`; L3 is a file directory in a temporary folder. Modes side by side: L1 only, L1+L2,
 L1+L2+L3. Per round: effective input throughput (all prompt tokens of the round ÷ its wall
 time) and the token hit rate, plus which tier served the hits.
@@ -32,7 +32,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("tiers", help="hierarchical cache benchmark: L1 vs L1+L2 vs +L3")
     add_engine_args(p)
     w = p.add_argument_group("workload")
-    w.add_argument("--clients", type=int, default=8, help="concurrent conversations")
+    w.add_argument("--clients", type=int, default=16, help="conversations")
+    w.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     w.add_argument("--rounds", type=int, default=4, help="turns per conversation")
     w.add_argument("--turn-len", type=int, default=128, help="new user tokens per turn")
     w.add_argument("--output-len", type=int, default=16, help="answer tokens per turn")
@@ -71,9 +72,10 @@ def _mode_config(
     base: Any, mode: str, working_set: int, args: argparse.Namespace, tmp: str, token_bytes: int
 ) -> Any:
     page = base.page_size
-    longest = args.rounds * (args.turn_len + args.output_len) + page  # must fit one request
+    # The requests in flight must fit together, or L1 thrashes in every mode alike.
+    longest = args.concurrency * (args.rounds * (args.turn_len + args.output_len) + page)
     l1 = max(longest, int(working_set * args.l1_frac)) // page * page + page
-    cfg = dataclasses.replace(base, num_slots=l1, max_running_requests=max(args.clients, 1))
+    cfg = dataclasses.replace(base, num_slots=l1, max_running_requests=args.concurrency)
     if mode == "L1":
         return cfg
     l2_mb = max(working_set * args.l2_frac * token_bytes / 2**20, 0.01)
@@ -101,9 +103,10 @@ def run_mode(
         for r, prompts in enumerate(rounds):
             before = engine.metrics().cached_tokens_by_tier
             reqs = [BenchRequest(i, p, args.output_len, f"c{i}") for i, p in enumerate(prompts)]
-            res = drive(engine, reqs, concurrency=args.clients)
+            res = drive(engine, reqs, concurrency=args.concurrency)
             engine.check_memory()
             s = res.summary()
+            print(f"  round {r + 1}: {s['wall_s']:.1f}s", file=sys.stderr, flush=True)
             after = engine.metrics().cached_tokens_by_tier
             tiers = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             per_round.append(
