@@ -272,9 +272,8 @@ class Engine:
         when nothing was left unwritten. The engine must not be stepped afterwards."""
         if self.tiers is None:
             return True
-        return self.tiers.close(
-            self.config.hicache_flush_timeout_s if timeout_s is None else timeout_s
-        )
+        timeout = self.config.hicache_flush_timeout_s if timeout_s is None else timeout_s
+        return self.tiers.close(self.kv.tree_pages(), timeout)
 
     # -- blocking helpers ----------------------------------------------------------------------
     def generate(

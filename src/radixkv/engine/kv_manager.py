@@ -202,4 +202,10 @@ class KVManager:
         if self.cache is not None:
             self.cache.check_integrity()
         if self.tiers is not None:
-            self.tiers.check(self.allocator.is_allocated)
+            self.tiers.check(self.tree_pages())
+
+    def tree_pages(self) -> set[int]:
+        """Device pages the cache owns now (O(tree): for checks and shutdown)."""
+        if self.cache is None:
+            return set()
+        return {int(p) for p in self.allocator.slots_to_pages(self.cache.cached_slots())}

@@ -320,15 +320,16 @@ class TierManager:
             self._dev_hash.clear()
         self.index.clear()
 
-    def close(self, timeout_s: float = 5.0) -> bool:
+    def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
         """Flush pending L3 writes (bounded by `timeout_s`) and stop the storage threads; True
-        when nothing was left unwritten."""
+        when nothing was left unwritten. `tree_pages`: the device pages the tree owns now."""
         if self.worker is None:
             return True
-        if self.write_policy != "write_through" and self._dev_hash:
+        if self.write_policy != "write_through":
             # Pages only L1 holds (write_back / selective) reach storage through L2 now, as
             # many as L2 can stage; the rest of L1 is lost with the process.
-            self._save(list(self._dev_hash), list(self._dev_hash.values()))
+            todo = [(p, h) for p, h in self._dev_hash.items() if p in tree_pages]
+            self._save([p for p, _ in todo], [h for _, h in todo])
         done = self.worker.drain_writes(timeout_s)
         self.poll()
         self.worker.close()
@@ -367,9 +368,11 @@ class TierManager:
             )
         return out
 
-    def check(self, allocated: Any) -> None:
-        """Host census balances; every device page in the map is allocated (tree-owned)."""
+    def check(self, tree_pages: set[int]) -> None:
+        """Host census balances; every device page in the map is one the tree owns now."""
         self.index.check()
-        for p in self._dev_hash:
-            if not allocated(p):
-                raise RuntimeError(f"tier map names device page {p}, which is free")
+        stale = set(self._dev_hash) - tree_pages
+        if stale:
+            raise RuntimeError(
+                f"tier map names device pages the tree does not own: {sorted(stale)[:8]}"
+            )
