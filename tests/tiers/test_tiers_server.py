@@ -69,6 +69,10 @@ def test_server_tiers_end_to_end(
         }
         assert tiers_seen >= {"device", "host", "storage"}
         assert "radixkv_hicache_host_free_pages" in fams
+        state = httpx.get(srv.url + "/dashboard/state", timeout=30).json()
+        host = next(p for p in state["pools"] if p["name"] == "host")
+        assert host["free"] + host["cached"] + host["held"] == host["slots"] > 0
+        assert state["hit_counters"]["storage"]["cached_tokens"] > 0
     assert engine.close()
     restarted = _engine(path, **tiers)  # a new server process: empty tree, same Redis
     with live_server(restarted, MODEL) as srv2:
