@@ -17,9 +17,11 @@ def test_bench_tiers_small(
 ) -> None:
     monkeypatch.setattr("radixkv.engine.setup.load", lambda *a, **k: ToyLM())
     out = tmp_path / "tiers.json"
-    argv = ["bench", "tiers", "--clients", "3", "--rounds", "3", "--turn-len", "40"]
+    argv = ["bench", "tiers", "--rounds", "3", "--turn-len", "40"]
     argv += ["--output-len", "4", "--prefix-len", "120", "--device", "cpu", "--page-size", "4"]
-    assert main([*argv, "--json", str(out)]) == 0
+    argv += ["--clients", "3", "--concurrency", "2"]
+    assert main([*argv, "--json", str(out), "--plot", str(tmp_path / "tiers.png")]) == 0
+    assert (tmp_path / "tiers.png").stat().st_size > 0
     res = json.loads(out.read_text())
     assert set(res["modes"]) == {"L1", "L1+L2", "L1+L2+L3"}
     for mode in res["modes"].values():

@@ -32,11 +32,11 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("tiers", help="hierarchical cache benchmark: L1 vs L1+L2 vs +L3")
     add_engine_args(p)
     w = p.add_argument_group("workload")
-    w.add_argument("--clients", type=int, default=16, help="conversations")
-    w.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    w.add_argument("--rounds", type=int, default=4, help="turns per conversation")
+    w.add_argument("--clients", type=int, default=8, help="conversations")
+    w.add_argument("--concurrency", type=int, default=2, help="requests in flight")
+    w.add_argument("--rounds", type=int, default=3, help="turns per conversation")
     w.add_argument("--turn-len", type=int, default=128, help="new user tokens per turn")
-    w.add_argument("--output-len", type=int, default=16, help="answer tokens per turn")
+    w.add_argument("--output-len", type=int, default=8, help="answer tokens per turn")
     w.add_argument("--l1-frac", type=float, default=0.25, help="device pool / working set")
     w.add_argument("--l2-frac", type=float, default=0.5, help="host pool / working set")
     w.add_argument("--prefix-len", type=int, default=1024, help="restart test: shared prefix")
@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
     w.add_argument("--skip-restart", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
+    p.add_argument("--plot", default=None, help="also plot hit rate and throughput per round (PNG)")
     p.set_defaults(func=main)
 
 
@@ -230,4 +231,24 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if args.plot:
+        plot_rounds(results, args.plot)
     return 0
+
+
+def plot_rounds(results: dict[str, Any], path: str) -> None:
+    """Two panels: token hit rate and effective input tok/s per round, one line per mode."""
+    from radixkv.bench.plots import _pyplot
+
+    plt = _pyplot()
+    fig, (ax_hit, ax_tput) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode, res in results["modes"].items():
+        rounds = [r["round"] for r in res["rounds"]]
+        ax_hit.plot(rounds, [100 * r["token_hit_rate"] for r in res["rounds"]], "o-", label=mode)
+        ax_tput.plot(rounds, [r["effective_input_tok_per_s"] for r in res["rounds"]], "o-")
+    ax_hit.set(xlabel="round", ylabel="token hit rate (%)", title="hit rate per round")
+    ax_tput.set(xlabel="round", ylabel="prompt tokens / s", title="effective input throughput")
+    ax_hit.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
