@@ -248,6 +248,8 @@ def plot_rounds(results: dict[str, Any], path: str) -> None:
         ax_tput.plot(rounds, [r["effective_input_tok_per_s"] for r in res["rounds"]], "o-")
     ax_hit.set(xlabel="round", ylabel="token hit rate (%)", title="hit rate per round")
     ax_tput.set(xlabel="round", ylabel="prompt tokens / s", title="effective input throughput")
+    for ax in (ax_hit, ax_tput):
+        ax.set_xticks(range(1, 1 + max(len(r["rounds"]) for r in results["modes"].values())))
     ax_hit.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
