@@ -58,6 +58,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default=_D.device, help="auto | cpu | cuda[:N]")
     g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
     g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
+    g.add_argument(
+        "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
+    )
     _add_tier_args(parser)
     return parser
 
@@ -116,6 +119,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_mb * 2**20),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        max_n=args.max_n,
         enable_hierarchical_cache=args.enable_hierarchical_cache,
         hicache_size=args.hicache_size,
         hicache_write_policy=args.hicache_write_policy,

@@ -72,8 +72,9 @@ class TierManager:
         self.index = HostIndex(host_pages)
         self.counters = TierCounters()
         self._dev_hash: dict[int, bytes] = {}
-        self._hashes: dict[str, list[bytes]] = {}  # request id -> chained page hashes so far
-        self._loaded: dict[str, list[int]] = {}  # request id -> [host, storage] tokens loaded
+        # Per choice (the n choices of one request share its id but not their outputs):
+        self._hashes: dict[tuple[str, int], list[bytes]] = {}  # chained page hashes so far
+        self._loaded: dict[tuple[str, int], list[int]] = {}  # [host, storage] tokens loaded
         self._fetching: dict[int, tuple[str, list[bytes]]] = {}  # fetch id -> (request, hashes)
         # Host pages a request's prefetch landed, pinned (held) until its match used them.
         self._req_pins: dict[str, list[int]] = {}
@@ -95,27 +96,28 @@ class TierManager:
     # -- hashes --------------------------------------------------------------------------------
     def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
         """Chained hashes of the whole pages of req.tokens[:num_tokens] (cached, extended)."""
-        have = self._hashes.get(req.request_id, [])
+        have = self._hashes.get(_key(req), [])
         need = num_tokens // self.page_size
         if len(have) < need:
             seed = namespace_seed(self.fingerprint, req.namespace)
             have = chain_hashes(req.tokens[: need * self.page_size], self.page_size, seed, have)
-            self._hashes[req.request_id] = have
+            self._hashes[_key(req)] = have
         return have[:need]
 
-    def forget(self, request_id: str) -> None:
-        self._hashes.pop(request_id, None)
-        self._req_fetch.pop(request_id, None)
-        self._loaded.pop(request_id, None)
-        self._unpin_request(request_id)
+    def forget(self, req: Request) -> None:
+        """`req` (one choice) finished: drop its bookkeeping."""
+        self._hashes.pop(_key(req), None)
+        self._loaded.pop(_key(req), None)
+        self._req_fetch.pop(req.request_id, None)
+        self._unpin_request(req.request_id)
 
     def _unpin_request(self, request_id: str) -> None:
         for hp in self._req_pins.pop(request_id, []):
             self.index.unpin(hp)
 
-    def loaded_split(self, request_id: str) -> tuple[int, int]:
-        """(host, storage) prompt tokens this request loaded from the lower tiers; forgets it."""
-        host, storage = self._loaded.pop(request_id, [0, 0])
+    def loaded_split(self, req: Request) -> tuple[int, int]:
+        """(host, storage) prompt tokens this choice loaded from the lower tiers; forgets it."""
+        host, storage = self._loaded.pop(_key(req), [0, 0])
         return host, storage
 
     # -- tree hooks (called by KVManager) ------------------------------------------------------
@@ -240,7 +242,7 @@ class TierManager:
         cache.lock(m.handle)
         kv.unlock(req)
         req.handle = m.handle
-        split = self._loaded.setdefault(req.request_id, [0, 0])
+        split = self._loaded.setdefault(_key(req), [0, 0])
         for hp in host_pages:
             if self.index.origin(hp) == "storage":
                 split[1] += self.page_size
@@ -376,3 +378,8 @@ class TierManager:
             raise RuntimeError(
                 f"tier map names device pages the tree does not own: {sorted(stale)[:8]}"
             )
+
+
+def _key(req: Request) -> tuple[str, int]:
+    """One choice of one request (choices share the request id, not their generated tokens)."""
+    return req.request_id, int(getattr(req, "index", 0))

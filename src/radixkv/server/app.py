@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -54,6 +55,10 @@ class ServerState:
         )
         self.model_name = model_name
         self.api_key = api_key
+        # A token's own text, for logprobs (special tokens included).
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda tid: str(self.tokenizer.decode([tid], skip_special_tokens=False))
+        )
         self.sessions = SessionTracker()
         # Per-process secret for the dashboard's short hashes of ids and salts (never shown).
         self.label_key = secrets.token_bytes(16)
@@ -107,12 +112,26 @@ async def _generate(
                 code="context_length_exceeded",
             )
         default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
-    sampling = req.sampling(default_max)
+    sampling = req.sampling(default_max, state.vocab_size)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
+    echo = None
+    if kind == "completion" and req.echo:
+        p = req.prompt_text_or_ids()
+        echo = p if isinstance(p, str) else state.tokenizer.decode(p)
     gen = Generation(
-        state, kind, request_id, stream, len(prompt_ids), t0, req.session_id, req.include_usage
+        state,
+        kind,
+        request_id,
+        stream,
+        len(prompt_ids),
+        t0,
+        req.session_id,
+        req.include_usage,
+        n=sampling.n,
+        logprobs=sampling.logprobs is not None,
+        echo=echo,
     )
     gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
     if req.stream:
