@@ -22,6 +22,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
     ("radixkv.bench.tiers", True),  # bench tiers
+    ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare
     ("radixkv.bench.report", True),  # bench report
