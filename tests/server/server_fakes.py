@@ -59,7 +59,7 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer()
         self.step_delay = step_delay
         self.pool = self.config.num_slots or 4096
-        self.max_model_len = self.config.max_model_len or 512
+        self.max_model_len = self.config.scheduler.max_model_len or 512
         self.running: dict[str, _Req] = {}
         self.stored: dict[object, list[list[int]]] = {}
         self.tree_tokens = 0
@@ -80,7 +80,7 @@ class FakeEngine:
         sampling.validate()
         if len(prompt_ids) + sampling.max_tokens > self.max_model_len:
             raise RequestError("prompt + max_tokens exceed the context", param="max_tokens")
-        if len(self.running) >= self.config.max_queued_requests:
+        if len(self.running) >= self.config.scheduler.max_queued_requests:
             raise RequestError("queue full", 503)
         rid = request_id or f"r{len(self.running)}"
         cached = 0

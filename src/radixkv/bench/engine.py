@@ -13,7 +13,6 @@ prefix vs the TTFT of a request of only the S new tokens (goal: within 1.2x).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import statistics
@@ -110,9 +109,9 @@ def _workloads(args: argparse.Namespace, vocab: int) -> list[Any]:
 
 def _mode_config(base: Any, mode: str) -> Any:
     if mode == "off":
-        return dataclasses.replace(base, disable_radix_cache=True)
+        return base.override(disable_radix_cache=True)
     if mode in ("radix", "blockhash"):
-        return dataclasses.replace(base, disable_radix_cache=False, cache=mode)
+        return base.override(disable_radix_cache=False, cache=mode)
     raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
@@ -171,15 +170,14 @@ def prefix_target(lm: Any, base: Any, prefix: int, suffix: int, repeats: int) ->
     from radixkv.engine.engine import Engine
     from radixkv.engine.types import RequestOptions, SamplingParams
 
-    cfg = dataclasses.replace(
-        base,
+    cfg = base.override(
         disable_radix_cache=False,
-        chunked_prefill_size=max(base.chunked_prefill_size, prefix + suffix),
-        num_slots=max(base.num_slots or 0, prefix + (repeats + 2) * (suffix + 2) * 2 + 64),
+        chunked_prefill_size=max(base.scheduler.chunked_prefill_size, prefix + suffix),
+        num_slots=max(base.cache.num_slots or 0, prefix + (repeats + 2) * (suffix + 2) * 2 + 64),
     )
     engine = Engine(lm, config=cfg)
     _warmup(engine)
-    rng = random.Random(base.seed)
+    rng = random.Random(base.scheduler.seed)
     vocab = int(lm.config.vocab_size)
 
     def draw(n: int) -> list[int]:
@@ -274,17 +272,17 @@ def main(args: argparse.Namespace) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     base = engine_config_from_args(args)
-    device = setup.resolve_device(base.device)
-    dtype = setup.resolve_dtype(base.dtype, device)
+    device = setup.resolve_device(base.model.device)
+    dtype = setup.resolve_dtype(base.model.dtype, device)
     t0 = time.perf_counter()
-    lm = setup.load(base.model, device, dtype)
+    lm = setup.load(base.model.path, device, dtype)
     print(
-        f"model {base.model or 'default (SmolLM2-135M-Instruct)'} on {device}/{dtype} "
+        f"model {base.model.path or 'default (SmolLM2-135M-Instruct)'} on {device}/{dtype} "
         f"loaded in {time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}",
         flush=True,
     )
-    out: dict[str, Any] = {"config": dataclasses.asdict(base), "device": device}
-    out["config"]["dtype_resolved"] = str(dtype)
+    out: dict[str, Any] = {"config": base.describe(), "device": device}
+    out["config"]["model"]["dtype_resolved"] = str(dtype)
     if not args.skip_workloads:
         out["results"] = run_workloads(lm, base, args)
     if not args.skip_target:

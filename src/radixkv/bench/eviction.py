@@ -15,7 +15,6 @@ shared one are noisy (the hit rates are exact).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -64,7 +63,7 @@ def run_policy(lm: Any, base: Any, policy: str, reqs: list[tuple[list[int], int,
     from radixkv.engine.engine import Engine
     from radixkv.engine.types import RequestOptions, SamplingParams
 
-    engine = Engine(lm, config=dataclasses.replace(base, eviction_policy=policy))
+    engine = Engine(lm, config=base.override(eviction_policy=policy))
     last = {sess: i for i, (_, _, sess) in enumerate(reqs)}
     ttft: list[float] = []
     prompt = cached = 0
@@ -103,8 +102,8 @@ def main(args: argparse.Namespace) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     base = engine_config_from_args(args)
-    device = setup.resolve_device(base.device)
-    lm = setup.load(base.model, device, setup.resolve_dtype(base.dtype, device))
+    device = setup.resolve_device(base.model.device)
+    lm = setup.load(base.model.path, device, setup.resolve_dtype(base.model.dtype, device))
     reqs = _requests(args, int(lm.config.vocab_size))
     print(f"{len(reqs)} requests, {sum(len(r[0]) for r in reqs):,} prompt tokens", flush=True)
     rows = []
@@ -119,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
             flush=True,
         )
     if args.json:
-        doc = {"config": dataclasses.asdict(base), "device": device, "results": rows}
+        doc = {"config": base.describe(), "device": device, "results": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2, default=str)
     return 0

@@ -15,7 +15,6 @@ request on that prefix: its TTFT with L3 vs without.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
@@ -72,18 +71,17 @@ def conversations(args: argparse.Namespace, seed: int, vocab: int) -> list[list[
 def _mode_config(
     base: Any, mode: str, working_set: int, args: argparse.Namespace, tmp: str, token_bytes: int
 ) -> Any:
-    page = base.page_size
+    page = base.cache.page_size
     # The requests in flight must fit together, or L1 thrashes in every mode alike.
     longest = args.concurrency * (args.rounds * (args.turn_len + args.output_len) + page)
     l1 = max(longest, int(working_set * args.l1_frac)) // page * page + page
-    cfg = dataclasses.replace(base, num_slots=l1, max_running_requests=args.concurrency)
+    cfg = base.override(num_slots=l1, max_running_requests=args.concurrency)
     if mode == "L1":
         return cfg
     l2_mb = max(working_set * args.l2_frac * token_bytes / 2**20, 0.01)
-    cfg = dataclasses.replace(cfg, enable_hierarchical_cache=True, hicache_size=l2_mb)
+    cfg = cfg.override(enable_hierarchical_cache=True, hicache_size=l2_mb)
     if mode == "L1+L2+L3":
-        cfg = dataclasses.replace(
-            cfg,
+        cfg = cfg.override(
             hicache_storage_backend="file",
             hicache_storage_url=tmp,
             hicache_storage_prefetch_policy="wait_complete",
@@ -130,8 +128,8 @@ def run_mode(
         "rounds": per_round,
         "effective_input_tok_per_s": prompt / max(wall, 1e-9),
         "token_hit_rate": sum(r["token_hit_rate"] * r["prompt_tokens"] for r in per_round) / prompt,
-        "num_slots": cfg.num_slots,
-        "hicache_size_mb": cfg.hicache_size,
+        "num_slots": cfg.cache.num_slots,
+        "hicache_size_mb": cfg.cache.hicache_size,
         "tier_stats": stats,
     }
 
@@ -145,8 +143,7 @@ def restart_ttft(lm: Any, base: Any, args: argparse.Namespace, tmp: str) -> dict
     lo, hi = _ids(int(lm.config.vocab_size))
     prefix = [rng.randrange(lo, hi) for _ in range(args.prefix_len)]
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    with_l3 = dataclasses.replace(
-        base,
+    with_l3 = base.override(
         enable_hierarchical_cache=True,
         hicache_storage_backend="file",
         hicache_storage_url=tmp,
@@ -207,13 +204,13 @@ def main(args: argparse.Namespace) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     base = engine_config_from_args(args)
-    device = setup.resolve_device(base.device)
-    dtype = setup.resolve_dtype(base.dtype, device)
-    lm = setup.load(base.model, device, dtype)
+    device = setup.resolve_device(base.model.device)
+    dtype = setup.resolve_dtype(base.model.dtype, device)
+    lm = setup.load(base.model.path, device, dtype)
     mc = lm.config
     elem = torch.empty((), dtype=dtype).element_size()
     token_bytes = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * elem
-    rounds = conversations(args, base.seed, int(mc.vocab_size))
+    rounds = conversations(args, base.scheduler.seed, int(mc.vocab_size))
     working_set = args.clients * (args.rounds * (args.turn_len + args.output_len))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     results: dict[str, Any] = {"working_set_tokens": working_set, "modes": {}}
@@ -222,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as tmp:
             cfg = _mode_config(base, mode, working_set, args, tmp, token_bytes)
-            print(f"running {mode} (L1 {cfg.num_slots} slots)...", file=sys.stderr)
+            print(f"running {mode} (L1 {cfg.cache.num_slots} slots)...", file=sys.stderr)
             results["modes"][mode] = run_mode(lm, cfg, rounds, args)
     if not args.skip_restart:
         with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as tmp:

@@ -48,19 +48,19 @@ class Engine:
         cfg = config or EngineConfig()
         if isinstance(model, str):
             overrides.setdefault("model", model)
-        cfg = dataclasses.replace(cfg, **overrides)
-        setup.validate_config(cfg)
-        tier_setup.validate_tier_config(cfg)
-        device = setup.resolve_device(cfg.device)
-        dtype = setup.resolve_dtype(cfg.dtype, device)
+        # Keyword overrides use the flat field names (page_size=16); each lands in its section.
+        cfg = cfg.override(**overrides).validate()
+        device = setup.resolve_device(cfg.model.device)
+        dtype = setup.resolve_dtype(cfg.model.dtype, device)
         # A loaded model object (anything with .model/.config/.tokenizer) is used as is.
-        self.lm = model if setup.is_loaded_model(model) else setup.load(cfg.model, device, dtype)
+        path = cfg.model.path
+        self.lm = model if setup.is_loaded_model(model) else setup.load(path, device, dtype)
         mc = self.lm.config
         self.tokenizer: Any = self.lm.tokenizer
         self.config = cfg
         self.device = device
         self.vocab_size = int(mc.vocab_size)
-        self.max_model_len = int(cfg.max_model_len or mc.max_position_embeddings)
+        self.max_model_len = int(cfg.scheduler.max_model_len or mc.max_position_embeddings)
         self.eos_token_ids = frozenset(
             int(t)
             for t in itertools.chain(
@@ -68,23 +68,24 @@ class Engine:
                 getattr(self.tokenizer, "eos_token_ids", ()) or (),
             )
         )
-        num_slots = setup.num_slots(cfg, mc, dtype)
+        num_slots = setup.num_slots(cfg.cache, mc, dtype)
+        page_size = cfg.cache.page_size
         self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
-        self.allocator = PageAllocator(num_slots, cfg.page_size)
+        self.allocator = PageAllocator(num_slots, page_size)
         max_context = min(
-            self.allocator.pages_for(self.max_model_len) * cfg.page_size, self.allocator.num_slots
+            self.allocator.pages_for(self.max_model_len) * page_size, self.allocator.num_slots
         )
-        self.table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
-        self.cache = setup.make_prefix_cache(cfg)
+        self.table = ReqToTokenTable(cfg.scheduler.max_running_requests, max_context, device)
+        self.cache = setup.make_prefix_cache(cfg.cache)
         self.kv = KVManager(self.allocator, self.table, self.cache)
-        self.tiers = self.kv.tiers = tier_setup.make_tiers(cfg, self.pool, self.lm)
+        self.tiers = self.kv.tiers = tier_setup.make_tiers(cfg.cache, self.pool, self.lm)
         # Requests held back until their L3 prefetch lands (wait_complete / timeout policies).
         self._prefetching: dict[str, tuple[Request, float]] = {}
         self._tier_hits = {"device": 0, "host": 0, "storage": 0}
-        self.scheduler = Scheduler(cfg, self.kv)
-        if self.cache is not None and cfg.regret_window > 0:
+        self.scheduler = Scheduler(cfg.scheduler, self.kv)
+        if self.cache is not None and cfg.cache.regret_window > 0:
             self.scheduler.regret = RegretWindow(
-                cfg.page_size, self.allocator.num_slots, max_requests=cfg.regret_window
+                page_size, self.allocator.num_slots, max_requests=cfg.cache.regret_window
             )
         self.runner = ModelRunner(self.lm.model, self.pool, self.table)
         # request id → its choices (index order); n == 1 requests have one.
@@ -93,7 +94,7 @@ class Engine:
         self._forked_total = 0
         self._pending: list[StreamDelta] = []
         self._ids = itertools.count()
-        self._seeds = random.Random(cfg.seed)
+        self._seeds = random.Random(cfg.scheduler.seed)
         self._generated_total = 0
         self._finished_total = 0
         self._last_log = time.perf_counter()
@@ -112,7 +113,10 @@ class Engine:
         sampling.validate()
         ids = self.tokenizer.encode(prompt_ids) if isinstance(prompt_ids, str) else prompt_ids
         ids = self._validate_prompt(ids, sampling)
-        if len(self.scheduler.waiting) + len(self._prefetching) >= self.config.max_queued_requests:
+        if (
+            len(self.scheduler.waiting) + len(self._prefetching)
+            >= self.config.scheduler.max_queued_requests
+        ):
             raise RequestError("too many queued requests; retry later", code=503)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
@@ -135,12 +139,12 @@ class Engine:
     def _queue(self, req: Request) -> None:
         """To the scheduler, or first to the prefetch hold when L3 has pages for it and the
         policy waits for them (never longer than the policy's bound: no request hangs)."""
-        policy = self.config.hicache_storage_prefetch_policy
+        policy = self.config.cache.hicache_storage_prefetch_policy
         started = self.tiers is not None and self.tiers.start_prefetch(self.kv, req)
         if not started or policy == "best_effort":
             self.scheduler.add(req)
         else:
-            t = self.config.hicache_prefetch_timeout_s if policy == "timeout" else 60.0
+            t = self.config.cache.hicache_prefetch_timeout_s if policy == "timeout" else 60.0
             self._prefetching[req.request_id] = (req, time.monotonic() + t)
 
     def _poll_tiers(self) -> None:
@@ -155,7 +159,7 @@ class Engine:
                 self.scheduler.add(req)
 
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
-        choices.validate(sampling, self.config.max_n, self.vocab_size)
+        choices.validate(sampling, self.config.scheduler.max_n, self.vocab_size)
         ids = [int(t) for t in ids]
         if not ids:
             raise RequestError("the prompt is empty", param="prompt")
@@ -303,7 +307,7 @@ class Engine:
         when nothing was left unwritten. The engine must not be stepped afterwards."""
         if self.tiers is None:
             return True
-        timeout = self.config.hicache_flush_timeout_s if timeout_s is None else timeout_s
+        timeout = self.config.cache.hicache_flush_timeout_s if timeout_s is None else timeout_s
         return self.tiers.close(self.kv.tree_pages(), timeout)
 
     # -- blocking helpers ----------------------------------------------------------------------

@@ -31,7 +31,7 @@ def memory_census(engine: Engine) -> list[dict[str, Any]]:
             "name": "kv",
             "label": f"KV pool ({engine.device})",
             "slots": engine.allocator.num_slots,
-            "page_size": engine.config.page_size,
+            "page_size": engine.config.cache.page_size,
             "free": free,
             "cached": cached,
             "held": held,
@@ -39,7 +39,7 @@ def memory_census(engine: Engine) -> list[dict[str, Any]]:
     ]
     tiers = getattr(engine, "tiers", None)
     if tiers is not None:  # the host (L2) pool: held = pinned by storage writes / prefetches
-        ps = engine.config.page_size
+        ps = engine.config.cache.page_size
         hfree, hcached, hheld = tiers.index.census()
         pools.append(
             {
@@ -115,7 +115,7 @@ def dashboard_state(engine: Engine, key: bytes, limit: int = 50) -> dict[str, An
         "hit_counters": hit_counters(engine),
         "requests": request_table(engine, key, limit),
         "cache": {
-            "kind": engine.config.cache if engine.cache is not None else "off",
+            "kind": engine.config.cache.kind if engine.cache is not None else "off",
             "tokens": m.cached_tokens_in_tree,
             "evictable_tokens": m.evictable_tokens,
         },
@@ -132,7 +132,7 @@ def cache_tree(engine: Engine, top_k: int, max_depth: int, key: bytes) -> dict[s
         return {"kind": "off", "nodes": [], "namespaces": []}
     if not hasattr(cache, "iter_nodes"):
         return {
-            "kind": engine.config.cache,
+            "kind": engine.config.cache.kind,
             "total_tokens": cache.total_size,
             "nodes": [],
             "namespaces": [],

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixkv.cache.regret import RegretWindow
+from radixkv.config import SchedulerConfig
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
-from radixkv.engine.types import EngineConfig
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Scheduler:
     admit_scan_limit = 64  # waiting requests considered for admission per step
     defer_min_gain = 16  # tokens a waiting request must gain to wait for an in-flight prefill
 
-    def __init__(self, config: EngineConfig, kv: KVManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
         self.config = config
         self.kv = kv
         self.page_size = kv.page_size

@@ -1,5 +1,6 @@
-"""Engine construction helpers: config checks, device/dtype resolution, model loading, pool
-sizing, cache construction, and normalising generate() arguments."""
+"""Engine construction helpers (the configuration itself is checked by radixkv.config): device
+and dtype resolution, model loading, pool sizing, cache construction, normalising generate()
+arguments."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import torch
 
 from radixkv.cache.base import PrefixCache
-from radixkv.engine.types import EngineConfig, SamplingParams
+from radixkv.config import CacheConfig
+from radixkv.engine.types import SamplingParams
 from radixkv.memory.pool import KVPoolConfig
 
 _DTYPES = {
@@ -22,23 +24,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
-
-
-def validate_config(cfg: EngineConfig) -> None:
-    if cfg.page_size < 1:
-        raise ValueError("page_size must be >= 1")
-    if cfg.schedule_policy not in ("lpm", "fcfs"):
-        raise ValueError(f"unknown schedule_policy {cfg.schedule_policy!r} (lpm | fcfs)")
-    if cfg.cache not in ("radix", "blockhash"):
-        raise ValueError(f"unknown cache {cfg.cache!r} (radix | blockhash)")
-    if cfg.chunked_prefill_size < 1:
-        raise ValueError("chunked_prefill_size must be >= 1")
-    if cfg.max_running_requests < 1 or cfg.max_queued_requests < 0:
-        raise ValueError("max_running_requests must be >= 1, max_queued_requests >= 0")
-    if cfg.max_n < 1:
-        raise ValueError("max_n must be >= 1")
-    if cfg.num_slots is not None and cfg.num_slots < cfg.page_size:
-        raise ValueError("num_slots must hold at least one page")
 
 
 def resolve_device(device: str) -> str:
@@ -66,7 +51,7 @@ def load(path: str | None, device: str, dtype: torch.dtype) -> Any:
     return load_model(path, device, dtype)
 
 
-def num_slots(cfg: EngineConfig, model_config: Any, dtype: torch.dtype) -> int:
+def num_slots(cfg: CacheConfig, model_config: Any, dtype: torch.dtype) -> int:
     """Pool size in slots (explicit, or from the byte budget), rounded down to whole pages."""
     n = cfg.num_slots
     if n is None:
@@ -83,12 +68,12 @@ def num_slots(cfg: EngineConfig, model_config: Any, dtype: torch.dtype) -> int:
     return n
 
 
-def make_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
+def make_prefix_cache(cfg: CacheConfig) -> PrefixCache | None:
     if not cfg.prefix_cache_enabled:
         return None
     from radixkv.cache import make_cache
 
-    cache: PrefixCache = make_cache(cfg.cache, cfg.page_size, cfg.eviction_policy)
+    cache: PrefixCache = make_cache(cfg.kind, cfg.page_size, cfg.eviction_policy)
     return cache
 
 

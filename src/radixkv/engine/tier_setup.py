@@ -1,4 +1,5 @@
-"""Building the hierarchical cache from an EngineConfig: checks, L2 size, the model fingerprint."""
+"""Building the hierarchical cache from the cache section (checked by radixkv.config): L2 size,
+the model fingerprint."""
 
 from __future__ import annotations
 
@@ -7,34 +8,12 @@ from typing import Any
 
 import torch
 
-from radixkv.engine.tiers import PREFETCH_POLICIES, WRITE_POLICIES, TierManager
-from radixkv.engine.types import EngineConfig
+from radixkv.config import CacheConfig
+from radixkv.engine.tiers import TierManager
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 
 _SAMPLE = 4096  # values per tensor that enter the weights digest
-
-
-def validate_tier_config(cfg: EngineConfig) -> None:
-    if cfg.hicache_write_policy not in WRITE_POLICIES:
-        raise ValueError(f"unknown hicache_write_policy {cfg.hicache_write_policy!r}")
-    if cfg.hicache_storage_prefetch_policy not in PREFETCH_POLICIES:
-        raise ValueError(
-            f"unknown hicache_storage_prefetch_policy {cfg.hicache_storage_prefetch_policy!r}"
-        )
-    backend = cfg.hicache_storage_backend
-    if backend not in (None, "file", "redis"):
-        raise ValueError(f"unknown hicache_storage_backend {backend!r} (file | redis)")
-    if backend is not None and not cfg.hicache_storage_url:
-        raise ValueError(f"hicache_storage_backend={backend} needs hicache_storage_url")
-    if cfg.hicache_size is not None and cfg.hicache_size <= 0:
-        raise ValueError("hicache_size must be > 0 MiB")
-    if cfg.tiers_enabled and not cfg.prefix_cache_enabled:
-        raise ValueError(
-            "the hierarchical cache needs the prefix cache (drop --disable-radix-cache)"
-        )
-    if cfg.tiers_enabled and cfg.cache != "radix":
-        raise ValueError("the hierarchical cache needs cache='radix'")
 
 
 def model_fingerprint(lm: Any, dtype: torch.dtype) -> str:
@@ -64,7 +43,7 @@ def _named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
     return sorted(items, key=lambda kv: kv[0])
 
 
-def make_tiers(cfg: EngineConfig, pool: KVPool, lm: Any) -> TierManager | None:
+def make_tiers(cfg: CacheConfig, pool: KVPool, lm: Any) -> TierManager | None:
     """The TierManager the config asks for, or None. Without enable_hierarchical_cache but with
     a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2)."""
     if not cfg.tiers_enabled:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from radixkv.cache.tiers import HostIndex, chain_hashes, namespace_seed
+from radixkv.config.sections import WRITE_POLICIES
 from radixkv.engine.request import Request
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 MAX_PREFETCH_PAGES = 4096
 
 

@@ -4,7 +4,7 @@ The Engine (radixkv.engine.engine.Engine) contract, which the server and benchma
 
     engine = Engine(model=None | "path/to/hf_dir", config=EngineConfig(...))  # None → default model
     engine.tokenizer                      # radixkv.model.tokenizer.Tokenizer
-    engine.config                         # the EngineConfig in force
+    engine.config                         # the EngineConfig in force (radixkv.config)
     engine.generate(prompts, sampling)    # str | list[int] | list[str] | list[list[int]]
                                           #   → list[RequestOutput] (blocking, batched; with
                                           #   n > 1, every choice of each prompt, in order)
@@ -29,6 +29,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
+
+# The configuration chain lives in radixkv.config; re-exported here for callers of the flat era.
+from radixkv.config import EngineConfig as EngineConfig
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 MAX_LOGPROBS = 20  # top alternatives per position (OpenAI's chat cap)
@@ -198,44 +201,3 @@ class EngineMetrics:
     @property
     def pool_usage(self) -> float:
         return 1.0 - self.free_slots / self.pool_slots if self.pool_slots else 0.0
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine settings; flags of `radixkv serve` / `bench` map 1:1 onto these fields."""
-
-    model: str | None = None  # None → the embedded default model (SmolLM2-135M-Instruct)
-    device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
-    dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
-    page_size: int = 1
-    eviction_policy: str = "lru"  # any of radixkv.cache.available_policies()
-    schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
-    cache: str = "radix"  # radix | blockhash
-    disable_radix_cache: bool = False
-    chunked_prefill_size: int = 512  # max new prompt tokens per step
-    max_running_requests: int = 32
-    max_queued_requests: int = 256  # past this, add_request raises RequestError(code=503)
-    num_slots: int | None = None  # KV pool size in tokens; None → from kv_cache_bytes
-    kv_cache_bytes: int = 512 * 1024 * 1024
-    max_model_len: int | None = None  # None → the model's max_position_embeddings
-    seed: int = 0
-    regret_window: int = 2048  # requests in the live-regret window (0: off)
-    max_n: int = 16  # cap on choices per request (n); beyond it a 400
-    # Hierarchical cache (host L2, storage L3); names follow SGLang's HiCache flags.
-    enable_hierarchical_cache: bool = False
-    hicache_size: float | None = None  # L2 size in MiB; None → 2× the device pool
-    hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
-    hicache_storage_backend: str | None = None  # None (no L3) | file | redis
-    hicache_storage_url: str | None = None  # a directory (file) or redis://host:port[/db]
-    hicache_storage_prefetch_policy: str = "best_effort"  # | wait_complete | timeout
-    hicache_prefetch_timeout_s: float = 2.0  # `timeout` policy: wait at most this per request
-    hicache_storage_timeout_s: float = 1.0  # every storage call (Redis socket timeout)
-    hicache_flush_timeout_s: float = 10.0  # clean shutdown: pending L3 writes get this long
-
-    @property
-    def tiers_enabled(self) -> bool:
-        return self.enable_hierarchical_cache or self.hicache_storage_backend is not None
-
-    @property
-    def prefix_cache_enabled(self) -> bool:
-        return not self.disable_radix_cache

@@ -23,7 +23,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from radixkv.config import EngineConfig
 from radixkv.server.async_engine import AsyncEngine, EngineLike
+from radixkv.server.config_view import install_config_route
 from radixkv.server.dashboard import RecentRequests, install_dashboard
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
@@ -52,10 +54,11 @@ class ServerState:
         self.vocab_size = int(engine.tokenizer.vocab_size)
         # The resolved context length (the engine's, else the configured one; None = unknown).
         self.max_model_len: int | None = (
-            getattr(engine, "max_model_len", None) or engine.config.max_model_len
+            getattr(engine, "max_model_len", None) or engine.config.scheduler.max_model_len
         )
         self.model_name = model_name
         self.api_key = api_key
+        self.config: EngineConfig = engine.config  # create_app may set the full chain instead
         # A token's own text, for logprobs (special tokens included).
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda tid: str(self.tokenizer.decode([tid], skip_special_tokens=False))
@@ -77,8 +80,16 @@ class ServerState:
             )
 
 
-def create_app(engine: EngineLike, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(
+    engine: EngineLike,
+    model_name: str,
+    api_key: str | None = None,
+    config: EngineConfig | None = None,
+) -> FastAPI:
+    """The app over `engine`; `config` is the full configuration chain when the caller has it
+    (`radixkv serve`: its server section is what /config shows), else the engine's."""
     state = ServerState(engine, model_name, api_key)
+    state.config = config if config is not None else engine.config
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -93,6 +104,7 @@ def create_app(engine: EngineLike, model_name: str, api_key: str | None = None) 
     install_error_handlers(app)
     _install_routes(app, state)
     install_dashboard(app, state)
+    install_config_route(app, state)
     app.add_middleware(auth_and_count_middleware(state))
     return app
 
@@ -275,11 +287,11 @@ def _stats(state: ServerState, m: Any) -> dict[str, Any]:
         "pool_usage": m.pool_usage,
         "inflight_requests": state.engine.inflight,
         "config": {
-            "cache": cfg.cache,
+            "cache": cfg.cache.kind,
             "prefix_cache_enabled": cfg.prefix_cache_enabled,
-            "page_size": cfg.page_size,
-            "eviction_policy": cfg.eviction_policy,
-            "schedule_policy": cfg.schedule_policy,
+            "page_size": cfg.cache.page_size,
+            "eviction_policy": cfg.cache.eviction_policy,
+            "schedule_policy": cfg.scheduler.schedule_policy,
         },
     }
 

@@ -87,7 +87,7 @@ class AsyncEngine:
 
     def __init__(self, engine: EngineLike, max_inflight: int | None = None) -> None:
         self.engine = engine
-        cfg = engine.config
+        cfg = engine.config.scheduler
         # Past this many unfinished requests, refuse new ones (503) instead of queueing memory.
         self.max_inflight = max_inflight or (cfg.max_running_requests + cfg.max_queued_requests)
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()

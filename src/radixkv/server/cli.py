@@ -17,22 +17,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from radixkv.engine.types import RequestOptions, SamplingParams, StreamDelta
+
+if TYPE_CHECKING:
+    from radixkv.config import EngineConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 log = logging.getLogger("radixkv.server")
 
 
 def register(subparsers: Any) -> None:
+    from radixkv.config import ServerConfig
+
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    serve.add_argument("--served-model-name", default=None, help="model id clients must send")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ServerConfig.add_args(serve)  # --host, --port, --api-key, --served-model-name, --log-level
     serve.set_defaults(func=cmd_serve)
 
     gen = subparsers.add_parser("generate", help="one-shot generation, streamed to the terminal")
@@ -83,32 +84,36 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
     return params
 
 
-def build_engine(args: argparse.Namespace) -> Any:
-    """The Engine described by the engine flags (and --model), logging what was built."""
-    from radixkv.engine.args import engine_config_from_args
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The validated configuration chain the flags describe. An invalid one ends the command
+    before any model is loaded, with every problem listed by flag (exit status 2)."""
+    from radixkv.config import ConfigError, EngineConfig
+
+    try:
+        return EngineConfig.from_args(args).validate()
+    except ConfigError as exc:
+        print(f"radixkv: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def build_engine(args: argparse.Namespace, config: EngineConfig | None = None) -> Any:
+    """The Engine described by the flags (or by `config`, already validated), logging the
+    configuration printout first and what the engine resolved once it is built."""
     from radixkv.engine.engine import Engine
 
-    config = engine_config_from_args(args)
-    model = config.model
+    config = config if config is not None else config_from_args(args)
+    log.info("%s", config.format())
+    model = config.model.path
     log.info("loading model %s", model or f"{DEFAULT_MODEL_NAME} (embedded default)")
     t0 = time.perf_counter()
     engine = Engine(model=model, config=config)
-    m = engine.metrics()
-    cfg = engine.config
     log.info(
-        "engine ready in %.1f s: pool %d token slots, cache=%s%s, page_size=%d, eviction=%s, "
-        "schedule=%s, chunked_prefill=%d, max_running=%d, device=%s, dtype=%s",
+        "engine ready in %.1f s: pool %d token slots, max_model_len %d, device=%s, dtype=%s",
         time.perf_counter() - t0,
-        m.pool_slots,
-        cfg.cache,
-        "" if cfg.prefix_cache_enabled else " (disabled)",
-        cfg.page_size,
-        cfg.eviction_policy,
-        cfg.schedule_policy,
-        cfg.chunked_prefill_size,
-        cfg.max_running_requests,
-        getattr(engine, "device", cfg.device),
-        str(getattr(getattr(engine, "lm", None), "dtype", cfg.dtype)).removeprefix("torch."),
+        engine.metrics().pool_slots,
+        engine.max_model_len,
+        engine.device,
+        str(getattr(engine.lm, "dtype", config.model.dtype)).removeprefix("torch."),
     )
     return engine
 
@@ -133,9 +138,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from radixkv.server.app import create_app
 
     setup_logging(args.log_level)
-    engine = build_engine(args)
+    config = config_from_args(args)
+    engine = build_engine(args, config)
     name = model_name_for(args)
-    app = create_app(engine, name, api_key=args.api_key)
+    app = create_app(engine, name, api_key=config.server.api_key, config=config)
     log.info(
         "serving '%s' at http://%s:%d/v1 (auth: %s); metrics at /metrics, cache stats at "
         "/cache/stats, live dashboard at /dashboard",

@@ -1,0 +1,209 @@
+"""The sections of the configuration chain: model, cache, scheduler, server.
+
+Each field is declared once with `opt` (default, flag, help, checks); see radixkv.config.fields.
+Field names are the keyword names `Engine(**overrides)` and `EngineConfig(**flat)` accept, except
+two whose flat names are kept from the flat config: `model` (ModelConfig.path) and `cache`
+(CacheConfig.kind); see radixkv.config.chain.FLAT_ALIASES.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from radixkv.config.fields import Section, opt
+
+# Names resolve_dtype understands (radixkv.engine.setup maps them to torch dtypes).
+DTYPE_NAMES = ("auto", "float32", "fp32", "float", "float16", "fp16", "half", "bfloat16", "bf16")
+CACHE_KINDS = ("radix", "blockhash")
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+STORAGE_BACKENDS = ("file", "redis")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_DEVICE = re.compile(r"auto|cpu|mps|xpu|cuda(:\d+)?")
+_TIERS = "hierarchical cache (host L2, storage L3)"
+
+
+def eviction_policy_names() -> list[str]:
+    """Registered policies, plus session-aware forms of the base ones (`session-<base>`)."""
+    from radixkv.cache.policy import available_policies
+
+    names = available_policies()
+    bases = [n for n in names if not n.startswith("session-")]
+    return names + [f"session-{b}" for b in bases if f"session-{b}" not in names]
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    """What runs: the checkpoint, and on which device in which dtype."""
+
+    title = "model"
+
+    path: str | None = opt(
+        None, "HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)", flag="--model"
+    )
+    device: str = opt("auto", "auto (cuda when torch sees a GPU, else cpu) | cpu | cuda[:N]")
+    dtype: str = opt(
+        "auto", "weights and KV dtype (auto: bfloat16 on GPU, float32 on CPU)", choices=DTYPE_NAMES
+    )
+
+    def check(self) -> list[tuple[str, str]]:
+        if not _DEVICE.fullmatch(self.device):
+            return [("device", f"{self.device!r} is not auto, cpu, mps, xpu or cuda[:N]")]
+        return []
+
+
+@dataclass(frozen=True)
+class CacheConfig(Section):
+    """The KV pool, the prefix cache over it, its eviction, and the host/storage tiers."""
+
+    title = "cache"
+
+    kind: str = opt(
+        "radix",
+        "prefix-cache design (blockhash: the vLLM-style peer, for comparison)",
+        flag="--cache",
+        choices=CACHE_KINDS,
+    )
+    disable_radix_cache: bool = opt(False, "no prefix caching")
+    page_size: int = opt(1, "tokens per KV page", min=1)
+    eviction_policy: str = opt(
+        "lru",
+        "order in which unlocked cached prefixes are evicted (session-*: requests with a "
+        "session_id keep their prefix ahead of the base policy until the session closes)",
+        choices=eviction_policy_names,
+    )
+    num_slots: int | None = opt(
+        None, "KV pool size in tokens (default: from --kv-cache-mb)", type=int, min=1
+    )
+    kv_cache_bytes: int = opt(
+        512 * 2**20,
+        "KV pool budget in MiB (ignored when --num-slots is given)",
+        flag="--kv-cache-mb",
+        unit=2**20,
+        positive=True,
+    )
+    regret_window: int = opt(
+        2048,
+        "recent requests over which the live hit rate is compared with Belady's (0: off)",
+        min=0,
+    )
+    # Hierarchical cache (host L2, storage L3); names follow SGLang's HiCache flags.
+    enable_hierarchical_cache: bool = opt(
+        False, "keep evicted prefixes in host RAM (L2)", group=_TIERS
+    )
+    hicache_size: float | None = opt(
+        None,
+        "L2 size in MiB (default: 2x the device pool)",
+        type=float,
+        positive=True,
+        group=_TIERS,
+    )
+    hicache_write_policy: str = opt(
+        "write_through",
+        "when pages are copied to L2: on insert, on the second hit, or on L1 eviction",
+        choices=WRITE_POLICIES,
+        group=_TIERS,
+    )
+    hicache_storage_backend: str | None = opt(
+        None, "L3 storage (default: none)", choices=STORAGE_BACKENDS, group=_TIERS
+    )
+    hicache_storage_url: str | None = opt(
+        None, "directory (file) or redis://host:port[/db]", group=_TIERS
+    )
+    hicache_storage_prefetch_policy: str = opt(
+        "best_effort",
+        "how long a request waits for its L3 pages before recomputing the rest",
+        choices=PREFETCH_POLICIES,
+        group=_TIERS,
+    )
+    hicache_prefetch_timeout_s: float = opt(
+        2.0,
+        "seconds a request waits for L3 under the timeout policy",
+        flag="--hicache-prefetch-timeout",
+        positive=True,
+        group=_TIERS,
+    )
+    hicache_storage_timeout_s: float = opt(
+        1.0,
+        "timeout of every storage call, seconds",
+        flag="--hicache-storage-timeout",
+        positive=True,
+        group=_TIERS,
+    )
+    hicache_flush_timeout_s: float = opt(
+        10.0,
+        "at a clean shutdown, seconds pending L3 writes get",
+        flag="--hicache-flush-timeout",
+        min=0,
+        group=_TIERS,
+    )
+
+    @property
+    def tiers_enabled(self) -> bool:
+        return self.enable_hierarchical_cache or self.hicache_storage_backend is not None
+
+    @property
+    def prefix_cache_enabled(self) -> bool:
+        return not self.disable_radix_cache
+
+    def check(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if self.num_slots is not None and self.page_size >= 1 and self.num_slots < self.page_size:
+            out.append(("num_slots", f"must hold at least one page ({self.page_size} tokens)"))
+        if self.hicache_storage_backend is not None and not self.hicache_storage_url:
+            out.append(
+                (
+                    "hicache_storage_url",
+                    f"is needed with --hicache-storage-backend {self.hicache_storage_backend}",
+                )
+            )
+        if self.tiers_enabled and not self.prefix_cache_enabled:
+            out.append(("disable_radix_cache", "the hierarchical cache needs the prefix cache"))
+        if self.tiers_enabled and self.kind != "radix":
+            out.append(("kind", "the hierarchical cache needs --cache radix"))
+        return out
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(Section):
+    """Which requests run when, and the limits every request is held to."""
+
+    title = "scheduler"
+
+    schedule_policy: str = opt(
+        "lpm",
+        "lpm: longest cached prefix first; fcfs: arrival order",
+        choices=SCHEDULE_POLICIES,
+    )
+    chunked_prefill_size: int = opt(512, "max new prompt tokens per step", min=1)
+    max_running_requests: int = opt(32, "requests decoded together", min=1)
+    max_queued_requests: int = opt(
+        256, "waiting-queue bound; past it new requests are refused (503)", min=0
+    )
+    max_model_len: int | None = opt(
+        None,
+        "max prompt + output tokens (default: the model's max_position_embeddings)",
+        type=int,
+        min=1,
+    )
+    max_n: int = opt(16, "max choices (n) per request; beyond it a 400", min=1)
+    seed: int = opt(0, "seed for unseeded sampling")
+
+
+@dataclass(frozen=True)
+class ServerConfig(Section):
+    """The HTTP front end of `radixkv serve` (the engine ignores this section)."""
+
+    title = "server"
+
+    host: str = opt("127.0.0.1", "address to listen on")
+    port: int = opt(8000, "port to listen on (0: any free port)", min=0, max=65535)
+    api_key: str | None = opt(
+        None, "require 'Authorization: Bearer KEY' on every route but /health", secret=True
+    )
+    served_model_name: str | None = opt(
+        None, "model id clients must send (default: the checkpoint's directory name)"
+    )
+    log_level: str = opt("info", "server log level", choices=LOG_LEVELS)
