@@ -58,7 +58,7 @@ class FakeEngine:
         self.config = config or EngineConfig(num_slots=4096, max_model_len=512)
         self.tokenizer = FakeTokenizer()
         self.step_delay = step_delay
-        self.pool = self.config.num_slots or 4096
+        self.pool = self.config.cache.num_slots or 4096
         self.max_model_len = self.config.scheduler.max_model_len or 512
         self.running: dict[str, _Req] = {}
         self.stored: dict[object, list[list[int]]] = {}

@@ -57,7 +57,7 @@ def opt(
         "group": group,
         "secret": secret,
     }
-    return dataclasses.field(default=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta, repr=not secret)
 
 
 def flag_of(f: dataclasses.Field[Any]) -> str | None:
