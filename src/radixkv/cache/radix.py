@@ -17,9 +17,10 @@ Tree invariants (all verified by `check_integrity`):
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixkv.cache.base import CacheStats, MatchResult, SlotArray
+from radixkv.cache.components import Components, Freed, InsertOutcome
 from radixkv.cache.keys import (
     TOKEN_BYTES,
     StatsLedger,
@@ -31,6 +32,9 @@ from radixkv.cache.keys import (
 from radixkv.cache.leafqueue import LeafQueue
 from radixkv.cache.policy import EvictionPolicy, make_policy
 from radixkv.cache.radix_node import Node, Root, common_pages
+
+if TYPE_CHECKING:
+    from radixkv.cache.hybrid import ComponentOps
 
 
 def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
@@ -59,7 +63,12 @@ class RadixCache:
     `created` is the tick of the insert that first stored the tokens (splits inherit it).
     """
 
-    def __init__(self, page_size: int = 1, policy: str | EvictionPolicy = "lru") -> None:
+    def __init__(
+        self,
+        page_size: int = 1,
+        policy: str | EvictionPolicy = "lru",
+        components: Components | Sequence[str] | None = None,
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -71,6 +80,14 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self._stats = StatsLedger()
+        # Hybrid components (SWA, STATE, no FULL) live in radixkv.cache.hybrid; the FULL-only
+        # cache keeps `_hy = None` and never enters that code.
+        self.components = Components.parse(components)
+        self._hy: ComponentOps | None = None
+        if self.components.hybrid:
+            from radixkv.cache.hybrid import ComponentOps
+
+            self._hy = ComponentOps(self, self.components)
 
     # ---------------------------------------------------------------- lookup
 
@@ -88,6 +105,8 @@ class RadixCache:
         statistics, no recency or hit-count change (it may still split an edge, which changes no
         size and no eviction order).
         """
+        if self._hy is not None:
+            return self._hy.match(tokens, namespace, record)
         q = token_key(tokens)
         if record:
             self._stats.match_calls += 1
@@ -154,6 +173,8 @@ class RadixCache:
         child.ntok -= ntok
         child.parent = upper
         upper.children[child.key[: self._page_bytes]] = child
+        if self._hy is not None:
+            self._hy.on_split(upper, child, ntok)
         return upper
 
     # ---------------------------------------------------------------- insert
@@ -175,6 +196,8 @@ class RadixCache:
         `slots[floored_len:]`, which the tree never takes. `priority` raises (never lowers) the
         priority of every node on the path (used by the "priority" policy).
         """
+        if self._hy is not None:
+            raise RuntimeError("a hybrid cache takes insert_components (every component's data)")
         q = token_key(tokens)
         n = len(q) // TOKEN_BYTES
         s = slot_array(slots, n)
@@ -255,6 +278,8 @@ class RadixCache:
         """Free whole unlocked leaves in policy order until at least `num_tokens` tokens are
         freed or nothing is evictable; a parent becomes a candidate when its last child goes.
         Returns the freed slots (the caller frees them). O(log n) per evicted leaf."""
+        if self._hy is not None:
+            raise RuntimeError("a hybrid cache frees through evict_components")
         freed: list[SlotArray] = []
         count = 0
         leaves = self._leaves
@@ -322,6 +347,8 @@ class RadixCache:
         """Drop every node, locks included (their handles become stale) and return all the
         slots the tree held, for the caller to free. Statistics are cumulative and survive;
         call `reset_stats` for fresh counters."""
+        if self._hy is not None:
+            raise RuntimeError("a hybrid cache frees through reset_components")
         parts = []
         for _, node in self.iter_nodes():
             node.alive = False
@@ -338,3 +365,66 @@ class RadixCache:
         from radixkv.cache.integrity import check_radix
 
         check_radix(self)
+        if self._hy is not None:
+            from radixkv.cache.hybrid_check import check_components
+
+            check_components(self, self._hy)
+
+    # ---------------------------------------------------------------- hybrid components
+
+    def insert_components(
+        self,
+        tokens: Sequence[int] | SlotArray,
+        slots: Sequence[int] | SlotArray | None,
+        swa: Sequence[int] | SlotArray | None = None,
+        checkpoints: Sequence[tuple[int, int]] = (),
+        namespace: Hashable | None = None,
+        priority: int = 0,
+        owned_from: int = 0,
+    ) -> InsertOutcome:
+        """`insert` for every component: FULL `slots` (None without FULL), per-token `swa`
+        slots (-1 where the caller already freed them), and STATE `checkpoints` as
+        (boundary, checkpoint id) pairs (a boundary must be a whole number of pages within the
+        inserted prefix). Positions < `owned_from` are the caller's locked match (the tree's
+        own data); for positions >= owned_from the tree adopts SWA slots where it has
+        tombstones. See InsertOutcome for what the caller must free."""
+        hy = self._need_hybrid()
+        return hy.insert(tokens, slots, swa, checkpoints, namespace, priority, owned_from)
+
+    def evict_components(
+        self, full_tokens: int = 0, swa_slots: int = 0, checkpoints: int = 0
+    ) -> Freed:
+        """Evict per component (see ComponentOps.evict); the caller frees what comes back."""
+        return self._need_hybrid().evict(full_tokens, swa_slots, checkpoints)
+
+    def reset_components(self) -> Freed:
+        """`reset` for every component."""
+        hy = self._need_hybrid()
+        nodes = [n for _, n in self.iter_nodes()]
+        for n in nodes:
+            n.alive = False
+            n.entry = None
+        freed = hy.reset(nodes)
+        self._roots.clear()
+        self._leaves.clear()
+        self._evictable = 0
+        self._protected = 0
+        return freed
+
+    @property
+    def swa_size(self) -> int:
+        """Live SWA slots held by the tree (0 without an SWA component)."""
+        return self._hy.swa_size if self._hy is not None else 0
+
+    @property
+    def checkpoint_count(self) -> int:
+        """STATE checkpoints held by the tree."""
+        return len(self._hy.ckpts) if self._hy is not None else 0
+
+    def cached_checkpoints(self) -> list[int]:
+        return [n.ckpt for n in self._hy.ckpts.values()] if self._hy is not None else []
+
+    def _need_hybrid(self) -> ComponentOps:
+        if self._hy is None:
+            raise RuntimeError("this cache has only the FULL component; use insert/evict/reset")
+        return self._hy

@@ -38,6 +38,7 @@ class Node:
     __slots__ = (
         "alive",
         "children",
+        "ckpt",
         "created",
         "entry",
         "hits",
@@ -48,6 +49,7 @@ class Node:
         "parent",
         "priority",
         "slots",
+        "swa",
     )
 
     def __init__(self, key: bytes, slots: SlotArray, parent: Node | None, clock: int) -> None:
@@ -63,6 +65,10 @@ class Node:
         self.priority = 0
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
+        # Hybrid components (radixkv.cache.hybrid): SWA slot per token (-1 = tombstone) and the
+        # STATE checkpoint valid at this node's end (-1 = none). Unused by the FULL-only cache.
+        self.swa: SlotArray | None = None
+        self.ckpt = -1
 
 
 class Root(Node):

@@ -1,0 +1,385 @@
+"""Component logic of the radix tree for hybrid models (FULL + SWA + STATE); metadata only.
+
+`ComponentOps` is attached to a RadixCache built with hybrid `Components`; the tree core (walk,
+split, locks, leaf queue, namespaces) stays RadixCache's, and this module adds per-component
+match votes, insert, split and eviction. Per-node data (see radix_node.Node):
+  `slots` FULL slot per token (empty when the model has no FULL layers),
+  `swa`   SWA slot per token, TOMBSTONE (-1) where the K/V was freed,
+  `ckpt`  STATE checkpoint id valid exactly at the node's end, or -1.
+
+Invariants (checked by `check`):
+- tombstones are whole pages; `swa_size` == live SWA entries in the tree; no slot twice;
+- the checkpoint registry holds exactly the nodes with `ckpt >= 0`; no checkpoint id twice;
+- trimming (phase 1 of SWA eviction) only frees positions before `swa_keep_from(node)`: every node
+  keeps the SWA K/V of the window before its own end. A locked request's resume point is a node
+  end and its window lies inside those kept ranges, so trimming never breaks a locked window, and
+  no node is ever left without data.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from radixkv.cache.base import MatchResult, SlotArray
+from radixkv.cache.components import Components, Freed, InsertOutcome, swa_keep_from
+from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES, concat_slots, frozen_copy, slot_array
+from radixkv.cache.radix_node import Node, Root, common_pages
+
+if TYPE_CHECKING:
+    from radixkv.cache.radix import RadixCache
+
+
+def _frozen(arr: SlotArray) -> SlotArray:
+    arr.flags.writeable = False
+    return arr
+
+
+class ComponentOps:
+    """Per-component behaviour of one RadixCache (see the module docstring)."""
+
+    def __init__(self, cache: RadixCache, components: Components) -> None:
+        self.cache = cache
+        self.comp = components
+        self.window = components.swa_window
+        self.swa_size = 0  # live SWA entries held by the tree
+        self.ckpts: dict[int, Node] = {}  # id(node) -> node with ckpt >= 0
+        self.trimmable: dict[int, Node] = {}  # nodes that may hold SWA K/V outside their window
+
+    # ---------------------------------------------------------------- match
+
+    def _walk_nosplit(self, root: Node, q: bytes) -> tuple[list[Node], int]:
+        """Nodes along the longest page-aligned match (the last one maybe partly) and its length
+        in bytes; nothing is split."""
+        pb = self.cache._page_bytes
+        end = len(q) - len(q) % pb
+        node, pos = root, 0
+        path: list[Node] = []
+        while pos < end:
+            child = node.children.get(q[pos : pos + pb])
+            if child is None:
+                break
+            path.append(child)
+            if q.startswith(child.key, pos):
+                pos += len(child.key)
+                node = child
+                continue
+            pos += common_pages(q, pos, child.key, min(len(child.key), end - pos) // pb, pb) * pb
+            break
+        return path, pos
+
+    def vote(self, path: list[Node], shared: int) -> int:
+        """The deepest boundary <= `shared` (tokens) every component accepts."""
+        ps = self.cache.page_size
+        tombs: list[int] = []
+        if self.window is not None and path:
+            swa = np.concatenate([n.swa for n in path if n.swa is not None])[:shared]
+            tombs = np.flatnonzero(swa < 0).tolist()
+        w = self.window or 0
+
+        def swa_ok(p: int) -> bool:
+            i = bisect.bisect_left(tombs, p)
+            return i == 0 or tombs[i - 1] < p - w
+
+        if self.comp.state:
+            ends, pos = [0], 0
+            for n in path:
+                pos += n.ntok
+                if pos <= shared and n.ckpt >= 0:
+                    ends.append(pos)
+            return next(p for p in reversed(ends) if swa_ok(p))
+        p = shared
+        while not swa_ok(p):
+            t = tombs[bisect.bisect_left(tombs, p) - 1]
+            p = t - t % ps
+        return p
+
+    def match(self, tokens: object, namespace: Hashable | None, record: bool) -> MatchResult:
+        from radixkv.cache.keys import token_key
+
+        c = self.cache
+        q = token_key(tokens)
+        if record:
+            c._stats.match_calls += 1
+            c._stats.requested_tokens += len(q) // TOKEN_BYTES
+        root = c._roots.get(namespace)
+        if root is None:
+            return self._empty_match()
+        path, shared_b = self._walk_nosplit(root, q)
+        shared = shared_b // TOKEN_BYTES
+        p = self.vote(path, shared)
+        if p == 0:
+            return self._empty_match(shared)
+        # Cut the path at p (splitting the edge p falls inside).
+        kept: list[Node] = []
+        pos = 0
+        for n in path:
+            if pos + n.ntok <= p:
+                kept.append(n)
+                pos += n.ntok
+                if pos == p:
+                    break
+                continue
+            kept.append(c._split(n, (p - pos) * TOKEN_BYTES))
+            break
+        handle = kept[-1]
+        if record:
+            c._clock += 1
+            for n in kept:
+                n.last_access = c._clock
+                n.hits += 1
+            if handle.entry is not None:
+                c._leaves.touched(handle)
+            c._stats.matched_tokens += p
+        full = concat_slots([n.slots for n in kept]) if self.comp.full else concat_slots([])
+        swa = None
+        if self.window is not None:
+            swa = concat_slots([n.swa for n in kept])  # type: ignore[misc]
+            swa[: max(0, p - self.window)] = -1
+        ckpt = handle.ckpt if self.comp.state else -1
+        return MatchResult(p, full, handle, swa, ckpt, shared)
+
+    def _empty_match(self, shared: int = 0) -> MatchResult:
+        swa = concat_slots([]) if self.window is not None else None
+        return MatchResult(0, concat_slots([]), None, swa, -1, shared)
+
+    # ---------------------------------------------------------------- split
+
+    def on_split(self, upper: Node, lower: Node, ntok: int) -> None:
+        """`lower` lost its first `ntok` tokens to the new `upper`; the checkpoint stays with
+        `lower` (it is valid at lower's end)."""
+        if self.window is not None:
+            swa = lower.swa
+            assert swa is not None
+            upper.swa = frozen_copy(swa[:ntok])
+            lower.swa = frozen_copy(swa[ntok:])
+            self._maybe_trimmable(upper)
+            self._maybe_trimmable(lower)
+
+    def _maybe_trimmable(self, node: Node) -> None:
+        assert self.window is not None and node.swa is not None
+        keep = swa_keep_from(node.ntok, self.window, self.cache.page_size)
+        if keep and bool((node.swa[:keep] >= 0).any()):
+            self.trimmable[id(node)] = node
+
+    # ---------------------------------------------------------------- insert
+
+    def insert(
+        self,
+        tokens: object,
+        slots: Sequence[int] | SlotArray | None,
+        swa: Sequence[int] | SlotArray | None,
+        checkpoints: Sequence[tuple[int, int]],
+        namespace: Hashable | None,
+        priority: int,
+        owned_from: int,
+    ) -> InsertOutcome:
+        from radixkv.cache.keys import token_key
+
+        c = self.cache
+        q = token_key(tokens)
+        n = len(q) // TOKEN_BYTES
+        if (slots is None) == self.comp.full or (swa is None) == (self.window is not None):
+            raise ValueError(f"insert_components needs exactly the data of {self.comp.names()}")
+        full = slot_array(slots, n) if slots is not None else None
+        swa_arr = slot_array(swa, n) if swa is not None else None
+        c._stats.insert_calls += 1
+        end = len(q) - len(q) % c._page_bytes
+        end_tok = end // TOKEN_BYTES
+        root = c._roots.get(namespace)
+        if root is None:
+            if not end:  # nothing to insert: the caller keeps all its slots
+                return InsertOutcome(0, concat_slots([]), tuple(c for _, c in checkpoints))
+            root = c._roots[namespace] = Root(namespace, c._clock)
+        path, pos = c._walk(root, q)
+        pos_tok = pos // TOKEN_BYTES
+        if pos_tok < owned_from and pos_tok < end_tok:
+            raise RuntimeError(f"tree lost a locked prefix: found {pos_tok} < owned {owned_from}")
+        c._clock += 1
+        for node in path:
+            node.last_access = c._clock
+            node.hits += 1
+            node.priority = max(node.priority, priority)
+        swa_free = self._revive(path, swa_arr, owned_from)
+        parent = path[-1] if path else root
+        if pos < end:
+            leaf = Node(
+                q[pos:end],
+                frozen_copy(full[pos_tok:end_tok]) if full is not None else EMPTY_SLOTS,
+                parent,
+                c._clock,
+            )
+            leaf.priority = priority
+            if swa_arr is not None:
+                leaf.swa = frozen_copy(swa_arr[pos_tok:end_tok])
+                self.swa_size += int((leaf.swa >= 0).sum())
+                self._maybe_trimmable(leaf)
+            if parent.entry is not None:
+                c._leaves.invalidate(parent)
+            parent.children[q[pos : pos + c._page_bytes]] = leaf
+            c._leaves.push(leaf)
+            c._evictable += leaf.ntok
+            c._stats.inserted_tokens += leaf.ntok
+        elif parent.entry is not None:
+            c._leaves.touched(parent)
+        rejected = self._attach_checkpoints(root, q, end_tok, checkpoints)
+        return InsertOutcome(pos_tok, swa_free, rejected)
+
+    def _revive(self, path: list[Node], swa: SlotArray | None, owned_from: int) -> SlotArray:
+        """For the already-cached range: adopt the caller's SWA slots where the tree has
+        tombstones (positions >= owned_from only); return the caller's others (duplicates)."""
+        if swa is None:
+            return concat_slots([])
+        dup: list[SlotArray] = []
+        pos = 0
+        for node in path:
+            lo = max(owned_from, pos) - pos
+            if lo < node.ntok:
+                assert node.swa is not None
+                mine = swa[pos + lo : pos + node.ntok]
+                take = (node.swa[lo:] < 0) & (mine >= 0)
+                if take.any():
+                    new = node.swa.copy()
+                    new[lo:][take] = mine[take]
+                    node.swa = _frozen(new)
+                    self.swa_size += int(take.sum())
+                    self._maybe_trimmable(node)
+                rest = mine[~take]
+                dup.append(rest[rest >= 0])
+            pos += node.ntok
+        return concat_slots(dup)
+
+    def _attach_checkpoints(
+        self, root: Node, q: bytes, end_tok: int, checkpoints: Sequence[tuple[int, int]]
+    ) -> tuple[int, ...]:
+        rejected: list[int] = []
+        ps = self.cache.page_size
+        for p, cid in checkpoints:
+            if not self.comp.state or p <= 0 or p > end_tok or p % ps:
+                rejected.append(cid)
+                continue
+            path, pos = self.cache._walk(root, q[: p * TOKEN_BYTES])
+            node = path[-1]
+            if pos // TOKEN_BYTES != p or node.ckpt >= 0:
+                rejected.append(cid)
+                continue
+            node.ckpt = cid
+            self.ckpts[id(node)] = node
+        return tuple(rejected)
+
+    # ---------------------------------------------------------------- eviction
+
+    def evict(self, full_tokens: int, swa_slots: int, checkpoints: int) -> Freed:
+        """Free at least the asked amounts where possible: SWA K/V outside every node's window
+        first (tombstones), then unlocked checkpoints in policy order, then whole unlocked
+        leaves in policy order (freeing every component they hold) while FULL or SWA is short."""
+        swa_parts: list[SlotArray] = []
+        got_swa = self._trim(swa_slots, swa_parts) if swa_slots > 0 else 0
+        ckpts = self._drop_checkpoints(checkpoints) if checkpoints > 0 else []
+        full_parts: list[SlotArray] = []
+        got_full = 0
+        c = self.cache
+        pb = c._page_bytes
+        while got_full < full_tokens or got_swa < swa_slots:
+            node = c._leaves.pop()
+            if node is None:
+                break
+            parent = node.parent
+            del parent.children[node.key[:pb]]
+            node.parent = None
+            node.alive = False
+            c._evictable -= node.ntok
+            c._stats.evicted_tokens += node.ntok
+            if self.comp.full:
+                full_parts.append(node.slots)
+                got_full += node.ntok
+            got_swa += self._forget(node, swa_parts, ckpts)
+            if parent.children:
+                continue
+            if parent.parent is not None:
+                if parent.lock == 0:
+                    c._leaves.push(parent)
+            elif isinstance(parent, Root):
+                del c._roots[parent.namespace]
+        return Freed(concat_slots(full_parts), concat_slots(swa_parts), tuple(ckpts))
+
+    def _forget(self, node: Node, swa_parts: list[SlotArray], ckpts: list[int]) -> int:
+        """Drop a removed node's SWA slots and checkpoint into the freed lists."""
+        got = 0
+        if node.swa is not None:
+            live = node.swa[node.swa >= 0]
+            swa_parts.append(live)
+            got = len(live)
+            self.swa_size -= got
+            self.trimmable.pop(id(node), None)
+        if node.ckpt >= 0:
+            ckpts.append(node.ckpt)
+            node.ckpt = -1
+            del self.ckpts[id(node)]
+        return got
+
+    def _trim(self, want: int, out: list[SlotArray]) -> int:
+        """Phase 1 of SWA eviction: tombstone K/V before each node's own window, least valuable
+        nodes first (policy order), until `want` slots are freed."""
+        assert self.window is not None
+        got = 0
+        key = self.cache.policy.key
+        for node in sorted(self.trimmable.values(), key=key):
+            if got >= want:
+                break
+            del self.trimmable[id(node)]
+            assert node.swa is not None
+            keep = swa_keep_from(node.ntok, self.window, self.cache.page_size)
+            head = node.swa[:keep]
+            live = head[head >= 0]
+            if len(live):
+                out.append(live.copy())
+                new = node.swa.copy()
+                new[:keep] = -1
+                node.swa = _frozen(new)
+                got += len(live)
+        self.swa_size -= got
+        return got
+
+    def _drop_checkpoints(self, want: int) -> list[int]:
+        """Unlocked checkpoints in policy order (checkpoints on locked paths stay: a request
+        admitted on them may not have copied them yet)."""
+        key = self.cache.policy.key
+        cands = sorted((n for n in self.ckpts.values() if n.lock == 0), key=key)[:want]
+        out = []
+        for node in cands:
+            out.append(node.ckpt)
+            node.ckpt = -1
+            del self.ckpts[id(node)]
+        return out
+
+    def reset(self, nodes: list[Node]) -> Freed:
+        """Everything the tree held (the caller has already marked `nodes` dead)."""
+        full = concat_slots([n.slots for n in nodes]) if self.comp.full else concat_slots([])
+        swa_parts: list[SlotArray] = []
+        ckpts: list[int] = []
+        for n in nodes:
+            self._forget(n, swa_parts, ckpts)
+        self.trimmable.clear()
+        return Freed(full, concat_slots(swa_parts), tuple(ckpts))
+
+    # ---------------------------------------------------------------- checks
+
+    def evictable_swa(self) -> int:
+        """Live SWA entries eviction could free now: everything on unlocked nodes plus what
+        trimming frees on locked ones. O(nodes); for admission estimates and tests."""
+        total = 0
+        w = self.window
+        if w is None:
+            return 0
+        for _, n in self.cache.iter_nodes():
+            assert n.swa is not None
+            if n.lock == 0:
+                total += int((n.swa >= 0).sum())
+            else:
+                keep = swa_keep_from(n.ntok, w, self.cache.page_size)
+                total += int((n.swa[:keep] >= 0).sum())
+        return total
