@@ -157,7 +157,7 @@ class Driver:
         if got_swa < want_swa:
             assert self.cache.evictable_size == 0 and hy.evictable_swa() == 0
         if got_ck < want_ck:
-            assert all(n.lock > 0 for n in hy.ckpts.values())
+            assert all(hy._is_handle(n) for n in hy.ckpts.values())
         self.ref.pages = {k: Page(list(v.full), list(v.swa), v.ckpt) for k, v in after.items()}
 
     def check_eviction(self, before: dict, after: dict, freed: Any) -> None:
@@ -184,7 +184,7 @@ class Driver:
                     assert (key, i) not in locked_win, "a locked window was tombstoned"
                     gone_swa[old_s] += 1
             if new.ckpt != page.ckpt:
-                assert new.ckpt == -1 and not self.ref.is_locked_page(key)
+                assert new.ckpt == -1 and key not in self.ref.locks, "a handle's checkpoint"
                 gone_ck[page.ckpt] += 1
         assert Counter(freed.full.tolist()) == gone_full
         assert Counter(freed.swa.tolist()) == gone_swa

@@ -111,12 +111,3 @@ class InsertOutcome:
     cached: int
     swa_free: SlotArray
     checkpoints_rejected: tuple[int, ...]
-
-
-def swa_keep_from(ntok: int, window: int, page_size: int) -> int:
-    """First edge-relative position a node must keep in SWA: the pages covering the last
-    `window` tokens before the node's end (edges start on page boundaries)."""
-    if ntok <= window:
-        return 0
-    cut = ntok - window
-    return cut - cut % page_size

@@ -10,10 +10,15 @@ match votes, insert, split and eviction. Per-node data (see radix_node.Node):
 Invariants (checked by `check`):
 - tombstones are whole pages; `swa_size` == live SWA entries in the tree; no slot twice;
 - the checkpoint registry holds exactly the nodes with `ckpt >= 0`; no checkpoint id twice;
-- trimming (phase 1 of SWA eviction) only frees positions before `swa_keep_from(node)`: every node
-  keeps the SWA K/V of the window before its own end. A locked request's resume point is a node
-  end and its window lies inside those kept ranges, so trimming never breaks a locked window, and
-  no node is ever left without data.
+- `swa_nodes` holds exactly the nodes with live SWA entries;
+- trimming (phase 1 of SWA eviction) keeps the window before every *kept boundary*: the end of a
+  leaf, of a branching node, and of a node some handle is locked at (lock > the sum of its
+  children's locks). Ends of pass-through nodes (e.g. where a running request committed a prefill
+  chunk) lose their windows, so a long locked prompt holds about W tokens of SWA, not W per
+  chunk. A locked request's resume point is a kept boundary, so trimming never breaks a locked
+  window. A checkpoint whose window trimming broke can never be resumed from and is dropped.
+- a checkpoint at a node some handle is locked at is never dropped (its request copies it at
+  admission); others are dropped by policy or when their window is trimmed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from radixkv.cache.base import MatchResult, SlotArray
-from radixkv.cache.components import Components, Freed, InsertOutcome, swa_keep_from
+from radixkv.cache.components import Components, Freed, InsertOutcome
 from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES, concat_slots, frozen_copy, slot_array
 from radixkv.cache.radix_node import Node, Root, common_pages
 
@@ -47,7 +52,8 @@ class ComponentOps:
         self.window = components.swa_window
         self.swa_size = 0  # live SWA entries held by the tree
         self.ckpts: dict[int, Node] = {}  # id(node) -> node with ckpt >= 0
-        self.trimmable: dict[int, Node] = {}  # nodes that may hold SWA K/V outside their window
+        self.swa_nodes: dict[int, Node] = {}  # id(node) -> node with live SWA entries
+        self.dropped: list[int] = []  # checkpoints freed during the current eviction
 
     # ---------------------------------------------------------------- match
 
@@ -142,6 +148,27 @@ class ComponentOps:
         ckpt = handle.ckpt if self.comp.state else -1
         return MatchResult(p, full, handle, swa, ckpt, shared)
 
+    def path_match(self, tokens: object, namespace: Hashable | None) -> MatchResult:
+        """The whole page-aligned cached prefix with no vote (a request re-locking the path it
+        just inserted); a peek: no statistics, no recency."""
+        from radixkv.cache.keys import token_key
+
+        c = self.cache
+        root = c._roots.get(namespace)
+        if root is None:
+            return self._empty_match()
+        path, pos = c._walk(root, token_key(tokens))
+        p = pos // TOKEN_BYTES
+        if not path:
+            return self._empty_match()
+        full = concat_slots([n.slots for n in path]) if self.comp.full else concat_slots([])
+        swa = None
+        if self.window is not None:
+            swa = concat_slots([n.swa for n in path if n.swa is not None])
+            swa[: max(0, p - self.window)] = -1
+        handle = path[-1]
+        return MatchResult(p, full, handle, swa, handle.ckpt, p)
+
     def _empty_match(self, shared: int = 0) -> MatchResult:
         swa = concat_slots([]) if self.window is not None else None
         return MatchResult(0, concat_slots([]), None, swa, -1, shared)
@@ -156,14 +183,40 @@ class ComponentOps:
             assert swa is not None
             upper.swa = frozen_copy(swa[:ntok])
             lower.swa = frozen_copy(swa[ntok:])
-            self._maybe_trimmable(upper)
-            self._maybe_trimmable(lower)
+            self._track(upper)
+            self._track(lower)
 
-    def _maybe_trimmable(self, node: Node) -> None:
-        assert self.window is not None and node.swa is not None
-        keep = swa_keep_from(node.ntok, self.window, self.cache.page_size)
-        if keep and bool((node.swa[:keep] >= 0).any()):
-            self.trimmable[id(node)] = node
+    def _track(self, node: Node) -> None:
+        """Keep `swa_nodes` exact for `node` after its SWA array changed."""
+        assert node.swa is not None
+        if bool((node.swa >= 0).any()):
+            self.swa_nodes[id(node)] = node
+        else:
+            self.swa_nodes.pop(id(node), None)
+
+    @staticmethod
+    def _is_handle(node: Node) -> bool:
+        """Some request holds a lock that ends exactly at this node."""
+        return node.lock > sum(c.lock for c in node.children.values())
+
+    def _kept(self, node: Node) -> bool:
+        """A boundary whose window trimming keeps (see the module docstring)."""
+        return len(node.children) != 1 or self._is_handle(node)
+
+    def keep_from(self, node: Node) -> int:
+        """First edge-relative position of `node` some kept boundary's window needs (page
+        floored); `node.ntok` when none does. Walks down the pass-through chain below."""
+        assert self.window is not None
+        below = 0  # tokens from node's end to the nearest kept boundary at or below it
+        n = node
+        while not self._kept(n):
+            (n,) = n.children.values()
+            below += n.ntok
+        cut = node.ntok + below - self.window
+        if cut <= 0:
+            return 0
+        cut = min(cut, node.ntok)
+        return cut - cut % self.cache.page_size
 
     # ---------------------------------------------------------------- insert
 
@@ -216,7 +269,7 @@ class ComponentOps:
             if swa_arr is not None:
                 leaf.swa = frozen_copy(swa_arr[pos_tok:end_tok])
                 self.swa_size += int((leaf.swa >= 0).sum())
-                self._maybe_trimmable(leaf)
+                self._track(leaf)
             if parent.entry is not None:
                 c._leaves.invalidate(parent)
             parent.children[q[pos : pos + c._page_bytes]] = leaf
@@ -246,7 +299,7 @@ class ComponentOps:
                     new[lo:][take] = mine[take]
                     node.swa = _frozen(new)
                     self.swa_size += int(take.sum())
-                    self._maybe_trimmable(node)
+                    self._track(node)
                 rest = mine[~take]
                 dup.append(rest[rest >= 0])
             pos += node.ntok
@@ -277,8 +330,11 @@ class ComponentOps:
         first (tombstones), then unlocked checkpoints in policy order, then whole unlocked
         leaves in policy order (freeing every component they hold) while FULL or SWA is short."""
         swa_parts: list[SlotArray] = []
+        self.dropped = []
         got_swa = self._trim(swa_slots, swa_parts) if swa_slots > 0 else 0
-        ckpts = self._drop_checkpoints(checkpoints) if checkpoints > 0 else []
+        ckpts = self.dropped
+        if len(ckpts) < checkpoints:
+            ckpts += self._drop_checkpoints(checkpoints - len(ckpts))
         full_parts: list[SlotArray] = []
         got_full = 0
         c = self.cache
@@ -304,6 +360,8 @@ class ComponentOps:
                     c._leaves.push(parent)
             elif isinstance(parent, Root):
                 del c._roots[parent.namespace]
+        if got_swa < swa_slots:  # removed leaves turned branch points into pass-through nodes
+            got_swa += self._trim(swa_slots - got_swa, swa_parts)
         return Freed(concat_slots(full_parts), concat_slots(swa_parts), tuple(ckpts))
 
     def _forget(self, node: Node, swa_parts: list[SlotArray], ckpts: list[int]) -> int:
@@ -314,7 +372,7 @@ class ComponentOps:
             swa_parts.append(live)
             got = len(live)
             self.swa_size -= got
-            self.trimmable.pop(id(node), None)
+            self.swa_nodes.pop(id(node), None)
         if node.ckpt >= 0:
             ckpts.append(node.ckpt)
             node.ckpt = -1
@@ -322,17 +380,16 @@ class ComponentOps:
         return got
 
     def _trim(self, want: int, out: list[SlotArray]) -> int:
-        """Phase 1 of SWA eviction: tombstone K/V before each node's own window, least valuable
-        nodes first (policy order), until `want` slots are freed."""
-        assert self.window is not None
+        """Phase 1 of SWA eviction: tombstone K/V outside every kept boundary's window, least
+        valuable nodes first (policy order), until `want` slots are freed. O(n log n) in the
+        nodes holding SWA; runs only when the SWA pool is short."""
         got = 0
         key = self.cache.policy.key
-        for node in sorted(self.trimmable.values(), key=key):
+        for node in sorted(self.swa_nodes.values(), key=key):
             if got >= want:
                 break
-            del self.trimmable[id(node)]
             assert node.swa is not None
-            keep = swa_keep_from(node.ntok, self.window, self.cache.page_size)
+            keep = self.keep_from(node)
             head = node.swa[:keep]
             live = head[head >= 0]
             if len(live):
@@ -341,14 +398,39 @@ class ComponentOps:
                 new[:keep] = -1
                 node.swa = _frozen(new)
                 got += len(live)
+                self._track(node)
         self.swa_size -= got
+        if got:
+            self._drop_blind_checkpoints()
         return got
 
+    def _window_intact(self, node: Node) -> bool:
+        """No tombstone among the `window` SWA entries before `node`'s end."""
+        assert self.window is not None
+        need = self.window
+        n: Node | None = node
+        while need > 0 and n is not None and n.parent is not None:
+            assert n.swa is not None
+            if bool((n.swa[max(0, n.ntok - need) :] < 0).any()):
+                return False
+            need -= n.ntok
+            n = n.parent
+        return True
+
+    def _drop_blind_checkpoints(self) -> None:
+        """Checkpoints whose SWA window was just trimmed can never be resumed from."""
+        for node in list(self.ckpts.values()):
+            if not self._window_intact(node):
+                self.dropped.append(node.ckpt)
+                node.ckpt = -1
+                del self.ckpts[id(node)]
+
     def _drop_checkpoints(self, want: int) -> list[int]:
-        """Unlocked checkpoints in policy order (checkpoints on locked paths stay: a request
-        admitted on them may not have copied them yet)."""
+        """Checkpoints in policy order, except where a handle is locked (a request admitted
+        there may not have copied its checkpoint yet)."""
         key = self.cache.policy.key
-        cands = sorted((n for n in self.ckpts.values() if n.lock == 0), key=key)[:want]
+        cands = [n for n in self.ckpts.values() if not self._is_handle(n)]
+        cands = sorted(cands, key=key)[:want]
         out = []
         for node in cands:
             out.append(node.ckpt)
@@ -363,7 +445,7 @@ class ComponentOps:
         ckpts: list[int] = []
         for n in nodes:
             self._forget(n, swa_parts, ckpts)
-        self.trimmable.clear()
+        self.swa_nodes.clear()
         return Freed(full, concat_slots(swa_parts), tuple(ckpts))
 
     # ---------------------------------------------------------------- checks
@@ -380,6 +462,5 @@ class ComponentOps:
             if n.lock == 0:
                 total += int((n.swa >= 0).sum())
             else:
-                keep = swa_keep_from(n.ntok, w, self.cache.page_size)
-                total += int((n.swa[:keep] >= 0).sum())
+                total += int((n.swa[: self.keep_from(n)] >= 0).sum())
         return total

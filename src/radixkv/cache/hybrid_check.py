@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NoReturn
 
-from radixkv.cache.components import swa_keep_from
 from radixkv.cache.integrity import check_unique_slots
 
 if TYPE_CHECKING:
@@ -34,9 +33,8 @@ def check_components(cache: RadixCache, hy: ComponentOps) -> None:
             pages = (swa >= 0).reshape(-1, ps)
             if (pages.any(axis=1) != pages.all(axis=1)).any():
                 _fail(f"{where}: a tombstone covers part of a page")
-            keep = swa_keep_from(node.ntok, window, ps)
-            if keep and (swa[:keep] >= 0).any() and id(node) not in hy.trimmable:
-                _fail(f"{where}: holds SWA K/V outside its window but is not trimmable")
+            if bool((swa >= 0).any()) != (id(node) in hy.swa_nodes):
+                _fail(f"{where}: live SWA entries and the swa_nodes registry disagree")
             live_parts.append(swa[swa >= 0])
         if node.ckpt >= 0:
             if not cache.components.state:
@@ -50,9 +48,9 @@ def check_components(cache: RadixCache, hy: ComponentOps) -> None:
     ids = list(ckpt_nodes.values())
     if len(set(ids)) != len(ids):
         _fail(f"a checkpoint id is held twice: {sorted(ids)}")
-    for node in hy.trimmable.values():
+    for node in hy.swa_nodes.values():
         if not node.alive:
-            _fail("a dead node is still in the trimmable set")
+            _fail("a dead node is still in the swa_nodes registry")
     for root in cache._roots.values():
         if root.swa is not None or root.ckpt >= 0:
             _fail("a namespace root carries component data")

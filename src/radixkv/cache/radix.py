@@ -391,6 +391,13 @@ class RadixCache:
         hy = self._need_hybrid()
         return hy.insert(tokens, slots, swa, checkpoints, namespace, priority, owned_from)
 
+    def match_path(
+        self, tokens: Sequence[int] | SlotArray, namespace: Hashable | None = None
+    ) -> MatchResult:
+        """Hybrid: the longest cached page-aligned prefix WITHOUT the SWA/STATE votes (the
+        engine re-locks the path it just inserted, whose end may carry no checkpoint)."""
+        return self._need_hybrid().path_match(tokens, namespace)
+
     def evict_components(
         self, full_tokens: int = 0, swa_slots: int = 0, checkpoints: int = 0
     ) -> Freed:

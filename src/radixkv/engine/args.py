@@ -58,6 +58,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default=_D.device, help="auto | cpu | cuda[:N]")
     g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
     g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
+    g.add_argument("--swa-slots", type=int, default=None, help="hybrid: SWA KV pool in tokens")
+    g.add_argument("--state-slots", type=int, default=None, help="hybrid: STATE pool slots")
+    g.add_argument(
+        "--state-checkpoint-interval",
+        type=int,
+        default=_D.state_checkpoint_interval,
+        help="hybrid: prefill tokens between recurrent-state checkpoints (page-aligned)",
+    )
     return parser
 
 
@@ -79,4 +87,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_mb * 2**20),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        swa_num_slots=getattr(args, "swa_slots", None),
+        state_num_slots=getattr(args, "state_slots", None),
+        state_checkpoint_interval=getattr(
+            args, "state_checkpoint_interval", _D.state_checkpoint_interval
+        ),
     )

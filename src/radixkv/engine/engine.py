@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixkv.engine import setup
+from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
@@ -29,6 +30,7 @@ from radixkv.engine.types import (
     StreamDelta,
 )
 from radixkv.memory.allocator import PageAllocator
+from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
 from radixkv.memory.req_table import ReqToTokenTable
 
@@ -67,17 +69,39 @@ class Engine:
                 getattr(self.tokenizer, "eos_token_ids", ()) or (),
             )
         )
-        num_slots = setup.num_slots(cfg, mc, dtype)
-        self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        spec = setup.hybrid_spec(mc)
+        self.pools: ModelPools | None = None
+        if spec is None:
+            num_slots = setup.num_slots(cfg, mc, dtype)
+            self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        else:
+            num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
+            self.pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
+            assert self.pools.full is not None
+            self.pool = self.pools.full
         self.allocator = PageAllocator(num_slots, cfg.page_size)
         max_context = min(
             self.allocator.pages_for(self.max_model_len) * cfg.page_size, self.allocator.num_slots
         )
         self.table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
-        self.cache = setup.make_prefix_cache(cfg)
-        self.kv = KVManager(self.allocator, self.table, self.cache)
+        comps = None if spec is None else ComponentMemory.components_of(spec)
+        self.cache = setup.make_prefix_cache(cfg, comps)
+        comp = None
+        swa_table = None
+        if spec is not None and self.pools is not None:
+            if self.pools.swa is not None:
+                swa_table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
+            comp = ComponentMemory(
+                spec,
+                self.pools,
+                cfg.page_size,
+                swa_table,
+                self.cache,
+                cfg.state_checkpoint_interval,
+            )
+        self.kv = KVManager(self.allocator, self.table, self.cache, comp)
         self.scheduler = Scheduler(cfg, self.kv)
-        self.runner = ModelRunner(self.lm.model, self.pool, self.table)
+        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, swa_table)
         self._requests: dict[str, Request] = {}
         self._pending: list[StreamDelta] = []
         self._ids = itertools.count()
@@ -293,7 +317,18 @@ class Engine:
             generated_tokens_total=self._generated_total,
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
+            component_pools=self._component_pools(),
         )
+
+    def _component_pools(self) -> dict[str, dict[str, int]]:
+        """Size / free / cached / held slots per pool (FULL always; SWA and STATE if any)."""
+        free, cached, held = self.kv.census(self.scheduler.running)
+        out = {
+            "full": {"size": self.allocator.num_slots, "free": free, "cached": cached, "held": held}
+        }
+        if self.kv.comp is not None:
+            out.update(self.kv.comp.census(self.scheduler.running))
+        return out
 
     def check_memory(self) -> None:
         """Raise RuntimeError unless free + cached + held == pool size (and owners are sane)."""

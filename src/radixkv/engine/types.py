@@ -26,7 +26,7 @@ thread and hands requests in through a thread-safe queue.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -126,6 +126,9 @@ class EngineMetrics:
     generated_tokens_total: int
     num_preemptions: int
     finished_requests: int
+    # Per component pool ("full", "swa", "state"): size, free, cached (in the tree), held (by
+    # running requests), all in slots; only the components the model has.
+    component_pools: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def token_hit_rate(self) -> float:
@@ -159,6 +162,10 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
+    # Hybrid models (SWA / STATE components; ignored otherwise).
+    swa_num_slots: int | None = None  # SWA KV pool in tokens; None → same as the FULL pool
+    state_num_slots: int | None = None  # STATE pool slots; None → 2 per running request + 32
+    state_checkpoint_interval: int = 256  # prefill tokens between STATE checkpoints (page-rounded)
 
     @property
     def prefix_cache_enabled(self) -> bool:
