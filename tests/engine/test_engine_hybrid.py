@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 from engine_helpers import GREEDY, make_engine, run_checked, shared_prefix_workload
 from engine_toy_hybrid import ToyHybridConfig, ToyHybridLM, reference_greedy_hybrid
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixkv.engine.types import SamplingParams
 
 KINDS = {
+    "swa-only": ("swa", "swa"),  # Mistral-like: FULL slots are bookkeeping, no FULL tensor
     "full+swa": ("full", "swa", "swa"),
     "full+state": ("full", "state"),
     "full+swa+state": ("full", "swa", "state", "swa"),
@@ -115,3 +118,55 @@ def test_checkpoints_reuse_shared_prompt_and_divergence() -> None:
     assert cached[0] == 0
     assert cached[1] >= 512 and cached[1] >= 700 // 2  # the last interval checkpoint
     assert cached[2] == shared  # the checkpoint the second request left at the divergence
+
+
+_HLMS: dict[tuple[str, ...], ToyHybridLM] = {}
+
+
+def _hybrid_lm(kinds: tuple[str, ...], window: int) -> ToyHybridLM:
+    key = (*kinds, str(window))
+    if key not in _HLMS:
+        _HLMS[key] = ToyHybridLM(ToyHybridConfig(kinds=kinds, window=window))
+    return _HLMS[key]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_random_hybrid_workloads_tight_pools(seed: int) -> None:
+    """Random branching prompts, tight pools of every component (eviction, trimming, dropped
+    checkpoints, retraction), random page size / chunk / interval: outputs equal recomputation
+    and every pool's census holds after every step."""
+    rng = random.Random(seed)
+    kinds = rng.choice(list(KINDS.values()))
+    window = rng.choice([2, 4, 8])
+    ps = rng.choice([1, 2, 4])
+    chunk = rng.choice([4, 8, 16])
+    roots = [[rng.randrange(38) for _ in range(rng.randrange(1, 30))] for _ in range(2)]
+    prompts: list[list[int]] = []
+    for _ in range(rng.randrange(3, 8)):
+        base = rng.choice(roots + prompts)
+        cut = rng.randrange(0, len(base) + 1)
+        prompts.append(base[:cut] + [rng.randrange(38) for _ in range(rng.randrange(1, 20))])
+    max_tokens = [rng.randrange(1, 8) for _ in prompts]
+    longest = max(len(p) + m for p, m in zip(prompts, max_tokens, strict=True))
+    full = -(-longest // ps) * ps + rng.randrange(0, 60)
+    least_swa = -(-(window + chunk) // ps) * ps + 2 * ps
+    lm = _hybrid_lm(kinds, window)
+    engine = make_engine(
+        lm,
+        page_size=ps,
+        num_slots=full,
+        swa_num_slots=least_swa + rng.randrange(0, 40),
+        state_num_slots=rng.randrange(3, 12),
+        state_checkpoint_interval=rng.choice([ps, 4, 8, 16]),
+        chunked_prefill_size=chunk,
+        max_running_requests=rng.choice([1, 2, 4]),
+        disable_radix_cache=rng.random() < 0.15,
+        eviction_policy=rng.choice(["lru", "lfu", "fifo", "priority"]),
+    )
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in max_tokens]
+    outs = run_checked(engine, prompts, params)
+    for p, m, o in zip(prompts, max_tokens, outs, strict=True):
+        assert o.output_token_ids == reference_greedy_hybrid(lm, p, m)
+    engine.flush_cache()
+    engine.check_memory()

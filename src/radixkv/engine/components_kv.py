@@ -57,8 +57,10 @@ class ComponentMemory:
 
     @staticmethod
     def components_of(spec: PoolSpec) -> Components:
+        """The tree's components: FULL always (real slots, or zero-layer bookkeeping slots for
+        a model without FULL layers, see engine.setup.hybrid_spec)."""
         return Components(
-            full=spec.has_full,
+            full=True,
             swa_window=spec.swa_window if spec.has_swa else None,
             state=spec.has_state,
         )

@@ -31,7 +31,7 @@ from radixkv.engine.types import (
 )
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import ModelPools
-from radixkv.memory.pool import KVPool
+from radixkv.memory.pool import KVPool, KVPoolConfig
 from radixkv.memory.req_table import ReqToTokenTable
 
 logger = logging.getLogger(__name__)
@@ -77,8 +77,9 @@ class Engine:
         else:
             num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
             self.pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
-            assert self.pools.full is not None
-            self.pool = self.pools.full
+            self.pool = self.pools.full or KVPool(  # no FULL layer: zero-layer bookkeeping pool
+                KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
+            )
         self.allocator = PageAllocator(num_slots, cfg.page_size)
         max_context = min(
             self.allocator.pages_for(self.max_model_len) * cfg.page_size, self.allocator.num_slots

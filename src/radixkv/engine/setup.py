@@ -97,13 +97,14 @@ def make_prefix_cache(cfg: EngineConfig, components: Any = None) -> PrefixCache 
 
 
 def hybrid_spec(model_config: Any) -> Any:
-    """The model's PoolSpec when it needs SWA or STATE pools next to FULL ones, else None.
+    """The model's PoolSpec when it needs SWA or STATE pools, else None (FULL-only path).
 
-    A model with no FULL layer (Mistral: every layer sliding) stays on the FULL-only path: its
-    window is applied by attention over a FULL pool, exactly as before."""
+    A model without FULL layers (Mistral: every layer sliding) still gets a FULL allocator and
+    FULL slots in the tree, but over a pool of zero layers: they are token bookkeeping only (the
+    tree's leaf-first eviction and the request table run on them), the K/V lives in SWA."""
     get = getattr(model_config, "pool_spec", None)
     spec = get() if callable(get) else None
-    if spec is None or not spec.has_full or not (spec.has_swa or spec.has_state):
+    if spec is None or not (spec.has_swa or spec.has_state):
         return None
     return spec
 
@@ -112,10 +113,12 @@ def hybrid_sizes(cfg: EngineConfig, spec: Any, dtype: torch.dtype) -> tuple[int,
     """(FULL slots, SWA slots, STATE slots) of a hybrid model's pools, whole pages."""
     ps = cfg.page_size
     full = cfg.num_slots
+    full_b, swa_b = spec.kv_bytes_per_token(dtype)
     if full is None:
-        full_b, swa_b = spec.kv_bytes_per_token(dtype)
         full = max(1, cfg.kv_cache_bytes // (full_b + swa_b))
     swa = cfg.swa_num_slots if cfg.swa_num_slots is not None else full
+    if not spec.has_full and cfg.num_slots is None:
+        full = 8 * swa  # virtual FULL slots (no tensor): how many tokens can be tracked
     state = cfg.state_num_slots
     if state is None:
         state = 2 * cfg.max_running_requests + 32
