@@ -327,6 +327,8 @@ class Engine:
         out = {
             "full": {"size": self.allocator.num_slots, "free": free, "cached": cached, "held": held}
         }
+        if self.pools is not None and self.pools.full is None:
+            out["full"]["virtual"] = 1  # no FULL layer: token bookkeeping slots, no tensor
         if self.kv.comp is not None:
             out.update(self.kv.comp.census(self.scheduler.running))
         return out
