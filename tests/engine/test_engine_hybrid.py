@@ -170,3 +170,12 @@ def test_random_hybrid_workloads_tight_pools(seed: int) -> None:
         assert o.output_token_ids == reference_greedy_hybrid(lm, p, m)
     engine.flush_cache()
     engine.check_memory()
+
+
+def test_hybrid_config_errors_are_clear() -> None:
+    with pytest.raises(ValueError, match="radix"):
+        hybrid_engine(KINDS["full+swa"], cache="blockhash")
+    with pytest.raises(ValueError, match="SWA pool"):
+        hybrid_engine(KINDS["full+swa"], swa_num_slots=8)
+    with pytest.raises(ValueError, match="interval"):
+        hybrid_engine(KINDS["full+state"], state_checkpoint_interval=0)
