@@ -32,7 +32,8 @@ class _Sampler:
         self.engine = engine
         spec = engine.kv.comp.spec if engine.kv.comp is not None else None
         dtype = engine.pool.config.dtype
-        self.full_b, self.swa_b = spec.kv_bytes_per_token(dtype) if spec else (0, 0)
+        sizes: tuple[int, int] = spec.kv_bytes_per_token(dtype) if spec else (0, 0)
+        self.full_b, self.swa_b = sizes
         state = engine.pools.state if engine.pools is not None else None
         self.state_b = state.config.bytes_per_slot if state is not None else 0
         self.rows: list[tuple[int, int, int, int]] = []  # per request-step: full, swa, state, naive
