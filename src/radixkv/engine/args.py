@@ -66,6 +66,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=_D.state_checkpoint_interval,
         help="hybrid: prefill tokens between recurrent-state checkpoints (page-aligned)",
     )
+    g.add_argument(
+        "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
+    )
     return parser
 
 
@@ -92,4 +95,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         state_checkpoint_interval=getattr(
             args, "state_checkpoint_interval", _D.state_checkpoint_interval
         ),
+        max_n=args.max_n,
     )

@@ -37,6 +37,8 @@ def validate_config(cfg: EngineConfig) -> None:
         raise ValueError("max_running_requests must be >= 1, max_queued_requests >= 0")
     if cfg.state_checkpoint_interval < 1:
         raise ValueError("state_checkpoint_interval must be >= 1")
+    if cfg.max_n < 1:
+        raise ValueError("max_n must be >= 1")
     if cfg.num_slots is not None and cfg.num_slots < cfg.page_size:
         raise ValueError("num_slots must hold at least one page")
 
