@@ -179,3 +179,28 @@ def test_hybrid_config_errors_are_clear() -> None:
         hybrid_engine(KINDS["full+swa"], swa_num_slots=8)
     with pytest.raises(ValueError, match="interval"):
         hybrid_engine(KINDS["full+state"], state_checkpoint_interval=0)
+
+
+@pytest.mark.parametrize("cache_off", [False, True])
+def test_hybrid_n_choices_are_admitted_not_forked(cache_off: bool) -> None:
+    """n > 1 on a hybrid model: the choices do not fork (their SWA pages and working state would
+    need copies); they are admitted like any request and equal the reference."""
+    engine, lm = hybrid_engine(
+        KINDS["full+swa+state"],
+        page_size=4,
+        disable_radix_cache=cache_off,
+        state_checkpoint_interval=8,
+    )
+    rng = random.Random(7)
+    prompt = [rng.randrange(38) for _ in range(30)]
+    sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3)
+    rid = engine.add_request(prompt, sp)
+    out: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    while engine.has_unfinished():
+        for d in engine.step():
+            assert d.request_id == rid
+            out[d.index].extend(d.new_token_ids)
+        engine.check_memory()
+    want = reference_greedy_hybrid(lm, prompt, 5)
+    assert [out[i] for i in range(3)] == [want] * 3
+    assert engine.metrics().forked_choices_total == 0
