@@ -204,3 +204,22 @@ def test_hybrid_n_choices_are_admitted_not_forked(cache_off: bool) -> None:
     want = reference_greedy_hybrid(lm, prompt, 5)
     assert [out[i] for i in range(3)] == [want] * 3
     assert engine.metrics().forked_choices_total == 0
+
+
+@pytest.mark.parametrize("shared", [40, 130, 300])
+def test_resume_past_half_of_a_short_shared_prefix(shared: int) -> None:
+    """Even with an interval longer than the shared prefix, power-of-two checkpoints let the
+    second request resume at more than half of it."""
+    engine, lm = hybrid_engine(
+        ("full", "state"), page_size=4, chunked_prefill_size=512, state_checkpoint_interval=1024
+    )
+    rng = random.Random(shared)
+    base = [rng.randrange(38) for _ in range(shared)]
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    first = engine.generate(base + [rng.randrange(38) for _ in range(60)], sp)[0]
+    second_prompt = base + [rng.randrange(38) for _ in range(9)]
+    second = engine.generate(second_prompt, sp)[0]
+    engine.check_memory()
+    assert first.cached_tokens == 0
+    assert second.cached_tokens > (shared // 4 * 4) / 2
+    assert second.output_token_ids == reference_greedy_hybrid(lm, second_prompt, 1)

@@ -10,8 +10,9 @@ about W tokens plus a page or two. Its table row holds -1 for positions it no lo
 STATE: a running request owns one working slot (`state_slot`): a copy of the matched checkpoint
 (copy-on-write) or, when it resumes at 0, whatever (the model starts from zeros). Checkpoints are
 copies of the working slot taken right after a step that ended on a page boundary: at every
-`interval` prefill tokens, at the divergence point found at admission, at the end of a request
-(exact when kv_len is page-aligned, else the snapshot of the last page boundary of decoding).
+`interval` prefill tokens and at page_size * 2**k (so a shared prefix of S tokens always resumes
+past S/2), at the divergence point found at admission, at the end of a request (exact when
+kv_len is page-aligned, else the snapshot of the last page boundary of decoding).
 """
 
 from __future__ import annotations
@@ -146,11 +147,28 @@ class ComponentMemory:
         req.swa_pages.extend(pages)
         return True
 
+    def _next_power_stop(self, pos: int) -> int:
+        """The first boundary page_size * 2**k strictly after `pos`."""
+        stop = self.page_size
+        while stop <= pos:
+            stop *= 2
+        return stop
+
+    def is_checkpoint_boundary(self, req: Request, pos: int) -> bool:
+        """Prefill boundaries that get a checkpoint: every `interval` tokens, every
+        page_size * 2**k tokens (so a request sharing S tokens with an earlier one always
+        resumes at more than half of S, even when S < interval), and the divergence point."""
+        if pos <= 0 or pos % self.page_size:
+            return False
+        pages = pos // self.page_size
+        return pos % self.interval == 0 or pages & (pages - 1) == 0 or pos == req.ckpt_target
+
     def chunk_cap(self, req: Request) -> int:
         """Longest prefill chunk from kv_len that does not jump over a checkpoint boundary."""
         if self.state_alloc is None:
             return req.pending
         stop = (req.kv_len // self.interval + 1) * self.interval
+        stop = min(stop, self._next_power_stop(req.kv_len))
         if req.kv_len < req.ckpt_target < stop:
             stop = req.ckpt_target
         return max(1, stop - req.kv_len)
@@ -191,7 +209,7 @@ class ComponentMemory:
             return []
         assert self.pools.state is not None
         if aligned == req.kv_len:
-            due = finishing or aligned % self.interval == 0 or aligned == req.ckpt_target
+            due = finishing or self.is_checkpoint_boundary(req, aligned)
             if not due:
                 return []
             slot = self.alloc_state()
