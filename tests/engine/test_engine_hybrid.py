@@ -223,3 +223,23 @@ def test_resume_past_half_of_a_short_shared_prefix(shared: int) -> None:
     assert first.cached_tokens == 0
     assert second.cached_tokens > (shared // 4 * 4) / 2
     assert second.output_token_ids == reference_greedy_hybrid(lm, second_prompt, 1)
+
+
+def test_next_turn_resumes_at_the_previous_prompt_end() -> None:
+    """A conversation's next turn rewrites the answer: the checkpoint at the last page
+    boundary of the previous prompt is where it resumes."""
+    engine, lm = hybrid_engine(
+        ("full", "swa", "state"),
+        page_size=4,
+        chunked_prefill_size=512,
+        state_checkpoint_interval=1024,
+    )
+    rng = random.Random(11)
+    turn1 = [rng.randrange(38) for _ in range(50)]
+    sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.generate(turn1, sp)
+    turn2 = turn1 + [rng.randrange(38) for _ in range(15)]  # a different answer + question
+    out = engine.generate(turn2, sp)[0]
+    engine.check_memory()
+    assert out.cached_tokens == 48
+    assert out.output_token_ids == reference_greedy_hybrid(lm, turn2, 3)

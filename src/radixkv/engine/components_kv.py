@@ -11,8 +11,9 @@ STATE: a running request owns one working slot (`state_slot`): a copy of the mat
 (copy-on-write) or, when it resumes at 0, whatever (the model starts from zeros). Checkpoints are
 copies of the working slot taken right after a step that ended on a page boundary: at every
 `interval` prefill tokens and at page_size * 2**k (so a shared prefix of S tokens always resumes
-past S/2), at the divergence point found at admission, at the end of a request (exact when
-kv_len is page-aligned, else the snapshot of the last page boundary of decoding).
+past S/2), at the divergence point found at admission, at the last page boundary of the prompt
+(the next turn of a conversation shares the prompt even when it rewrites the answer), and at the
+end of a request (exact when kv_len is page-aligned, else the last page boundary of decoding).
 """
 
 from __future__ import annotations
@@ -161,7 +162,13 @@ class ComponentMemory:
         if pos <= 0 or pos % self.page_size:
             return False
         pages = pos // self.page_size
-        return pos % self.interval == 0 or pages & (pages - 1) == 0 or pos == req.ckpt_target
+        if pos % self.interval == 0 or pages & (pages - 1) == 0 or pos == req.ckpt_target:
+            return True
+        return pos == self._prompt_end(req)
+
+    def _prompt_end(self, req: Request) -> int:
+        """The last page boundary of the prompt: the next turn of a conversation shares it."""
+        return req.num_prompt - req.num_prompt % self.page_size
 
     def chunk_cap(self, req: Request) -> int:
         """Longest prefill chunk from kv_len that does not jump over a checkpoint boundary."""
@@ -169,8 +176,9 @@ class ComponentMemory:
             return req.pending
         stop = (req.kv_len // self.interval + 1) * self.interval
         stop = min(stop, self._next_power_stop(req.kv_len))
-        if req.kv_len < req.ckpt_target < stop:
-            stop = req.ckpt_target
+        for target in (req.ckpt_target, self._prompt_end(req)):
+            if req.kv_len < target < stop:
+                stop = target
         return max(1, stop - req.kv_len)
 
     def after_step(self, req: Request, was_prefill: bool) -> None:
