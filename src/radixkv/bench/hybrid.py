@@ -119,6 +119,12 @@ def run_lm(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _naive_swa(m: dict[str, Any]) -> float:
+    """SWA bytes a running request would hold with full KV in its SWA layers."""
+    full_kv = m.get("mean_bytes_if_swa_kept_full_kv", 0.0)
+    return float(full_kv - m.get("mean_full_kv_bytes", 0.0) - m.get("mean_state_bytes", 0.0))
+
+
 def table(result: dict[str, Any]) -> str:
     head = (
         f"{'mode':<6} {'hit':>6} {'ideal':>6} {'ttft_mean_s':>11} {'ttft_p50_s':>10} "
@@ -131,7 +137,7 @@ def table(result: dict[str, Any]) -> str:
             f"{mode:<6} {m['token_hit_rate']:>6.1%} {m['ideal_hit_rate']:>6.1%} "
             f"{m['ttft_mean_s']:>11.3f} {m['ttft_p50_s']:>10.3f} "
             f"{m.get('mean_bytes_held', 0) * mb:>8.2f} {m.get('mean_swa_kv_bytes', 0) * mb:>7.2f} "
-            f"{(m.get('mean_bytes_if_swa_kept_full_kv', 0) - m.get('mean_full_kv_bytes', 0) - m.get('mean_state_bytes', 0)) * mb:>13.2f} "  # noqa: E501
+            f"{max(0.0, _naive_swa(m)) * mb:>13.2f} "
             f"{m.get('mean_state_bytes', 0) * mb:>8.2f}"
         )
     return "\n".join(lines)
