@@ -81,3 +81,18 @@ def test_hybrid_engine_greedy_equals_transformers(
         assert [o.output_token_ids for o in outs] == want, f"cache_off={cache_off}"
         if not cache_off:
             assert engine.metrics().cached_prompt_tokens_total > 0
+
+
+def test_mistral_with_blockhash_keeps_the_full_pool_path(
+    hf_models: dict[str, tuple[Path, Any]],
+) -> None:
+    """The block-hash cache has no components: an all-sliding model runs on one FULL pool."""
+    path, hf = hf_models["mistral"]
+    prompt = _tokens(40, seed=9)
+    engine = Engine(
+        str(path), device="cpu", dtype="float32", cache="blockhash", num_slots=1024, page_size=4
+    )
+    assert engine.kv.comp is None
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    outs = run_checked(engine, [prompt, prompt], sp)
+    assert [o.output_token_ids for o in outs] == [_hf_greedy(hf, prompt, 4)] * 2

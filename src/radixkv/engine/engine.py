@@ -68,7 +68,7 @@ class Engine:
                 getattr(self.tokenizer, "eos_token_ids", ()) or (),
             )
         )
-        spec = setup.hybrid_spec(mc)
+        spec = setup.hybrid_spec(mc, cfg)
         self.pools: ModelPools | None = None
         if spec is None:
             num_slots = setup.num_slots(cfg, mc, dtype)

@@ -100,7 +100,7 @@ def make_prefix_cache(cfg: EngineConfig, components: Any = None) -> PrefixCache 
     return cache
 
 
-def hybrid_spec(model_config: Any) -> Any:
+def hybrid_spec(model_config: Any, cfg: EngineConfig | None = None) -> Any:
     """The model's PoolSpec when it needs SWA or STATE pools, else None (FULL-only path).
 
     A model without FULL layers (Mistral: every layer sliding) still gets a FULL allocator and
@@ -109,6 +109,10 @@ def hybrid_spec(model_config: Any) -> Any:
     get = getattr(model_config, "pool_spec", None)
     spec = get() if callable(get) else None
     if spec is None or not (spec.has_swa or spec.has_state):
+        return None
+    if cfg is not None and cfg.cache != "radix" and not spec.has_full and not spec.has_state:
+        # An all-sliding model with a cache that has no components (blockhash): the old path,
+        # every layer's K/V in one FULL pool with the window applied by attention.
         return None
     return spec
 
