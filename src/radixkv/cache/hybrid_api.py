@@ -20,6 +20,7 @@ class ComponentMethods:
     _hy: ComponentOps | None
     _roots: dict[Hashable | None, Any]
     _leaves: Any
+    _sessions: Any
     _evictable: int
     _protected: int
 
@@ -68,6 +69,7 @@ class ComponentMethods:
         freed = hy.reset(nodes)
         self._roots.clear()
         self._leaves.clear()
+        self._sessions.clear()
         self._evictable = 0
         self._protected = 0
         return freed

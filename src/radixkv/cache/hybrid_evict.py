@@ -13,6 +13,7 @@ from radixkv.cache.base import SlotArray
 from radixkv.cache.components import Components, Freed
 from radixkv.cache.keys import concat_slots
 from radixkv.cache.radix_node import Node, Root
+from radixkv.cache.sessions import move_anchors
 
 if TYPE_CHECKING:
     from radixkv.cache.radix import RadixCache
@@ -92,6 +93,9 @@ class ComponentEviction:
             node.alive = False
             c._evictable -= node.ntok
             c._stats.evicted_tokens += node.ntok
+            if node.anchors:  # its session references now end at the parent
+                move_anchors(node, parent)
+            c.policy.on_evict(node)
             if self.comp.full:
                 full_parts.append(node.slots)
                 got_full += node.ntok

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES
@@ -37,10 +38,13 @@ class Node:
 
     __slots__ = (
         "alive",
+        "anchors",
         "children",
         "ckpt",
         "created",
+        "depth",
         "entry",
+        "gap",
         "hits",
         "key",
         "last_access",
@@ -49,6 +53,7 @@ class Node:
         "parent",
         "priority",
         "slots",
+        "sref",
         "swa",
     )
 
@@ -69,6 +74,14 @@ class Node:
         # STATE checkpoint valid at this node's end (-1 = none). Unused by the FULL-only cache.
         self.swa: SlotArray | None = None
         self.ckpt = -1
+        # Tokens above this edge (0 for a root's children): "head blocks are worth more".
+        self.depth: int = parent.depth + parent.ntok if parent is not None else 0
+        # Session references through this node (counted along the path, like `lock`, but they
+        # never protect: session-aware policies only evict referenced nodes later), and the
+        # session references whose deepest node this is (None when there are none).
+        self.sref = 0
+        self.gap = 0  # policy-owned: e.g. ticks between this node's last two uses
+        self.anchors: list[Any] | None = None
 
 
 class Root(Node):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from radixkv.cache.regret import RegretWindow
 from radixkv.engine import choices, introspect, setup
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_manager import KVManager
@@ -101,6 +102,10 @@ class Engine:
             )
         self.kv = KVManager(self.allocator, self.table, self.cache, comp)
         self.scheduler = Scheduler(cfg, self.kv)
+        if self.cache is not None and cfg.regret_window > 0:
+            self.scheduler.regret = RegretWindow(
+                cfg.page_size, self.allocator.num_slots, max_requests=cfg.regret_window
+            )
         self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, swa_table)
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
@@ -346,6 +351,7 @@ class Engine:
             component_pools=self._component_pools(),
             prefill_tokens_total=s.prefill_tokens_total,
             forked_choices_total=self._forked_total,
+            **self._window_fields(),
         )
 
     def _component_pools(self) -> dict[str, dict[str, int]]:
@@ -359,6 +365,31 @@ class Engine:
         if self.kv.comp is not None:
             out.update(self.kv.comp.census(self.scheduler.running))
         return out
+
+    def _window_fields(self) -> dict[str, Any]:
+        r = self.scheduler.regret
+        if r is None:
+            return {}
+        last = r.last
+        return {
+            "window_requests": last.requests,
+            "window_hit_rate": last.live_hit_rate,
+            "window_belady_hit_rate": last.belady_hit_rate,
+        }
+
+    def regret_stats(self) -> dict[str, Any]:
+        """Recompute the live-regret report now (Belady over the recent window at the pool's
+        capacity) and return it as plain data; `enabled` False when there is no window."""
+        r = self.scheduler.regret
+        if r is None:
+            return {"enabled": False}
+        rep = r.compute()
+        return {"enabled": True, **dataclasses.asdict(rep), "regret": rep.regret}
+
+    def close_session(self, session_id: str) -> bool:
+        """Drop the session's references on the cache (session-aware eviction); False if it
+        held none."""
+        return self.kv.close_session(session_id)
 
     def dashboard_state(self, key: bytes = b"", limit: int = 50) -> dict[str, Any]:
         """Pool census, hit counters and running/waiting requests for the dashboard (plain data;

@@ -176,6 +176,11 @@ class EngineMetrics:
     # Per component pool ("full", "swa", "state"): size, free, cached (in the tree), held (by
     # running requests), all in slots; only the components the model has.
     component_pools: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Live regret over the recent window (see radixkv.cache.regret): the cache's token hit rate
+    # and Belady's at the same capacity, from the last periodic computation.
+    window_requests: int = 0
+    window_hit_rate: float = 0.0
+    window_belady_hit_rate: float = 0.0
     # Prompt positions whose K/V the model computed (not served by the cache nor by a fork).
     prefill_tokens_total: int = 0
     forked_choices_total: int = 0  # choices of n > 1 requests that forked from a prefill
@@ -201,7 +206,7 @@ class EngineConfig:
     device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
     dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
     page_size: int = 1
-    eviction_policy: str = "lru"  # lru | lfu | fifo | mru | priority
+    eviction_policy: str = "lru"  # any of radixkv.cache.available_policies()
     schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
     cache: str = "radix"  # radix | blockhash
     disable_radix_cache: bool = False
@@ -216,6 +221,7 @@ class EngineConfig:
     swa_num_slots: int | None = None  # SWA KV pool in tokens; None → same as the FULL pool
     state_num_slots: int | None = None  # STATE pool slots; None → 2 per running request + 32
     state_checkpoint_interval: int = 256  # prefill tokens between STATE checkpoints (page-rounded)
+    regret_window: int = 2048  # requests in the live-regret window (0: off)
     max_n: int = 16  # cap on choices per request (n); beyond it a 400
 
     @property
