@@ -61,7 +61,8 @@ class Driver:
         self.rng = random.Random(seed)
         self.comp = comp
         self.page = page
-        self.cache = RadixCache(page_size=page, policy="lru", components=comp)
+        policy = random.Random(seed).choice(["lru", "lfu", "fifo", "priority", "s3fifo", "predict"])
+        self.cache = RadixCache(page_size=page, policy=policy, components=comp)
         self.ref = ComponentReference(page, comp.swa_window, comp.full, comp.state)
         self.next_slot = 0
         self.next_swa = 1_000_000

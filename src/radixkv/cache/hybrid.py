@@ -130,6 +130,7 @@ class ComponentOps(ComponentEviction):
         handle = kept[-1]
         if record:
             c._clock += 1
+            c.policy.on_match(kept, c._clock)
             for n in kept:
                 n.last_access = c._clock
                 n.hits += 1
@@ -230,6 +231,7 @@ class ComponentOps(ComponentEviction):
                 c._clock,
             )
             leaf.priority = priority
+            c.policy.on_insert(leaf)
             if swa_arr is not None:
                 leaf.swa = frozen_copy(swa_arr[pos_tok:end_tok])
                 self.swa_size += int((leaf.swa >= 0).sum())
