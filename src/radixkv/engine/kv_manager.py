@@ -14,7 +14,7 @@ that moves data in or out of the tree goes through its *_components methods.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
+
+if TYPE_CHECKING:
+    from radixkv.engine.tiers import TierManager
 
 
 class KVManager:
@@ -41,6 +44,8 @@ class KVManager:
         if comp is not None:
             comp.full_alloc = allocator
         self._swa_prefix: dict[int, Any] = {}  # id(req) -> matched SWA slots, until bind
+        # Host/storage tiers (engine/tiers.py); hooks: on_insert, on_evict, on_l1_hit, extend.
+        self.tiers: TierManager | None = None
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -53,7 +58,13 @@ class KVManager:
         pages = self.allocator.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
             short = num_pages - self.allocator.free_pages
-            self._evict_full(short * self.page_size)
+            if self.comp is not None:
+                self._evict_full(short * self.page_size)
+            else:
+                evicted = self.cache.evict(short * self.page_size)
+                if self.tiers is not None:  # write_back demotes before the slots are freed
+                    self.tiers.on_evict(evicted)
+                self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
 
@@ -81,7 +92,11 @@ class KVManager:
         if self.comp is not None:
             self.comp.on_match(req, m)
             self._swa_prefix[id(req)] = m.swa_slots
-        return m.length, np.asarray(m.slots[: m.length], dtype=np.int64)
+        slots = np.asarray(m.slots[: m.length], dtype=np.int64)
+        if self.tiers is None:
+            return m.length, slots
+        self.tiers.on_l1_hit(slots)
+        return self.tiers.extend(self, req, m.length, slots)
 
     def reserve_components(self, req: Request) -> bool:
         """Hybrid: take what a request needs besides FULL pages before it is bound."""
@@ -181,6 +196,8 @@ class KVManager:
             )
             cached = out.cached
             self.comp.after_insert(req, out, aligned)
+        if self.tiers is not None:
+            self.tiers.on_insert(req, slots, cached, aligned)
         if cached < req.prefix_len:
             raise RuntimeError(
                 f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
@@ -271,7 +288,12 @@ class KVManager:
         elif idle:
             self.allocator.free_slots_of_pages(self.cache.reset())
         else:
-            self.allocator.free_slots_of_pages(self.cache.evict(self.cache.evictable_size))
+            evicted = self.cache.evict(self.cache.evictable_size)
+            if self.tiers is not None:
+                self.tiers.on_evict(evicted, demote=False)
+            self.allocator.free_slots_of_pages(evicted)
+        if self.tiers is not None:
+            self.tiers.flush(device_reset=idle)
 
     def census(self, running: list[Request]) -> tuple[int, int, int]:
         """(free, cached-in-tree, held-by-running) slot counts."""
@@ -301,3 +323,11 @@ class KVManager:
             self.comp.check(running)
         if self.cache is not None:
             self.cache.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check(self.tree_pages())
+
+    def tree_pages(self) -> set[int]:
+        """Device pages the cache owns now (O(tree): for checks and shutdown)."""
+        if self.cache is None:
+            return set()
+        return {int(p) for p in self.allocator.slots_to_pages(self.cache.cached_slots())}
