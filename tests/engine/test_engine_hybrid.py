@@ -179,6 +179,8 @@ def test_hybrid_config_errors_are_clear() -> None:
         hybrid_engine(KINDS["full+swa"], swa_num_slots=8)
     with pytest.raises(ValueError, match="interval"):
         hybrid_engine(KINDS["full+state"], state_checkpoint_interval=0)
+    with pytest.raises(ValueError, match="tiers"):
+        hybrid_engine(KINDS["full+swa"], enable_hierarchical_cache=True)
 
 
 @pytest.mark.parametrize("cache_off", [False, True])
