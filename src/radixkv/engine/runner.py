@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from radixkv.engine.batch import ForwardBatch
@@ -25,13 +26,14 @@ class ModelRunner:
         self.device = torch.device(pool.config.device)
 
     def build(self, sched: ScheduledBatch) -> ForwardBatch:
-        ids: list[int] = []
+        ids: list[np.ndarray] = []
         contexts: list[torch.Tensor] = []
         for req, n in zip(sched.reqs, sched.extend_lens, strict=True):
             end = req.kv_len + n
-            ids.extend(req.tokens[req.kv_len : end])
+            ids.append(req.tokens[req.kv_len : end])
             contexts.append(self.table.get(req.row, 0, end))
-        return ForwardBatch.from_contexts(ids, contexts, sched.extend_lens, device=self.device)
+        flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
+        return ForwardBatch.from_contexts(flat, contexts, sched.extend_lens, device=self.device)
 
     def forward(self, sched: ScheduledBatch) -> torch.Tensor:
         """Logits [R, vocab] of each request's last new token."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
+from radixkv.engine.tokens import TokenBuffer
 from radixkv.engine.types import EngineConfig
 
 
@@ -42,11 +43,11 @@ class ScheduledBatch:
         return sum(self.extend_lens)
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+def _common_prefix(a: TokenBuffer, b: TokenBuffer, limit: int) -> int:
     n = min(len(a), len(b), limit)
     if n == 0:
         return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if diff.size else n
 
 
