@@ -10,8 +10,11 @@ from radixkv.engine.types import EngineConfig
 _D = EngineConfig()
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the engine flags to `parser` (in an "engine" argument group)."""
+def add_engine_args(
+    parser: argparse.ArgumentParser, *, compile_default: bool = False
+) -> argparse.ArgumentParser:
+    """Add the engine flags to `parser` (in an "engine" argument group). `compile_default` is
+    the default of --compile/--no-compile (on for the server, off for one-off tools)."""
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="HF checkpoint dir (default: embedded SmolLM2)")
     g.add_argument("--page-size", type=int, default=_D.page_size, help="tokens per KV page")
@@ -58,6 +61,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default=_D.device, help="auto | cpu | cuda[:N]")
     g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
     g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=compile_default,
+        help="torch.compile the model (inductor; first start compiles, later starts reuse the "
+        "on-disk cache under the RadixKV cache dir)",
+    )
     return parser
 
 
@@ -79,4 +89,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_mb * 2**20),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        compile=bool(getattr(args, "compile", False)),
     )

@@ -78,6 +78,8 @@ class Engine:
         self.kv = KVManager(self.allocator, self.table, self.cache)
         self.scheduler = Scheduler(cfg, self.kv)
         self.runner = ModelRunner(self.lm.model, self.pool, self.table)
+        if cfg.compile:
+            self.runner.compile()
         self._requests: dict[str, Request] = {}
         self._pending: list[StreamDelta] = []
         self._ids = itertools.count()

@@ -35,6 +35,23 @@ class ModelRunner:
         flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
         return ForwardBatch.from_contexts(flat, contexts, sched.extend_lens, device=self.device)
 
+    def compile(self) -> None:
+        """Compile the model (if it can be) and warm it up, so that serving never waits on the
+        compiler: one forward of two tokens (the dynamic-shape graph every prefill and decode
+        batch of >= 2 tokens uses) and one of a single token (its own graph). The warm-up
+        writes K/V into the first two pool slots, which the allocator has not handed out yet
+        (the caller compiles before any request is admitted), so nothing is disturbed."""
+        compile_fn = getattr(self.model, "compile", None)
+        if compile_fn is None:
+            return
+        compile_fn()
+        slots = torch.arange(2, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            self.model(
+                ForwardBatch.from_contexts([0, 0], [slots], [2], device=self.device), self.pool
+            )
+            self.model(ForwardBatch.from_contexts([0], [slots], [1], device=self.device), self.pool)
+
     def forward(self, sched: ScheduledBatch) -> torch.Tensor:
         """Logits [R, vocab] of each request's last new token."""
         batch = self.build(sched)

@@ -146,7 +146,7 @@ class EngineConfig:
 
     model: str | None = None  # None → the embedded default model (SmolLM2-135M-Instruct)
     device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
-    dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
+    dtype: str = "auto"  # auto → bfloat16 on cuda and on CPUs with native bf16, else float32
     page_size: int = 1
     eviction_policy: str = "lru"  # lru | lfu | fifo | mru | priority
     schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
@@ -159,6 +159,9 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
+    # torch.compile the layer stack (inductor); compiled at start-up, cached on disk. On for
+    # `radixkv serve`, off by default for the Python API and tests.
+    compile: bool = False
 
     @property
     def prefix_cache_enabled(self) -> bool:

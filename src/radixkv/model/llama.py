@@ -189,10 +189,12 @@ class CausalLM(nn.Module):
         return self.embed.device
 
     def compile(self) -> None:
-        """Run the layer stack through torch.compile from now on (see radixkv.model.compiled)."""
+        """Run the layer stack through torch.compile from now on (see radixkv.model.compiled).
+        Idempotent: a model shared by several engines is compiled once."""
         from radixkv.model.compiled import CompiledStack
 
-        self.compiled = CompiledStack(list(self.layers))
+        if self.compiled is None:
+            self.compiled = CompiledStack(list(self.layers))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
