@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_model_exactness import Req, Slots, assert_close, reference, step, tokens
 
 from radixkv.memory.pool import KVPool
 from radixkv.model import load_model
-
-from test_model_exactness import Req, Slots, assert_close, reference, step, tokens
 
 pytestmark = pytest.mark.slow
 
