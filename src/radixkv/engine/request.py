@@ -73,7 +73,7 @@ class Request:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.tokens[len(self.prompt_ids) :].tolist()
+        return self.tokens.array(len(self.prompt_ids)).tolist()
 
     @property
     def num_output(self) -> int:

@@ -30,7 +30,7 @@ class ModelRunner:
         contexts: list[torch.Tensor] = []
         for req, n in zip(sched.reqs, sched.extend_lens, strict=True):
             end = req.kv_len + n
-            ids.append(req.tokens[req.kv_len : end])
+            ids.append(req.tokens.array(req.kv_len, end))
             contexts.append(self.table.get(req.row, 0, end))
         flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
         return ForwardBatch.from_contexts(flat, contexts, sched.extend_lens, device=self.device)

@@ -47,7 +47,7 @@ def _common_prefix(a: TokenBuffer, b: TokenBuffer, limit: int) -> int:
     n = min(len(a), len(b), limit)
     if n == 0:
         return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
+    diff = np.flatnonzero(a.array(0, n) != b.array(0, n))
     return int(diff[0]) if diff.size else n
 
 

@@ -8,8 +8,8 @@ the live buffer: take `.copy()` or `.tolist()` to keep them past the next `appen
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import overload
+from collections.abc import Iterable, Iterator, Sequence
+from typing import cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -43,14 +43,16 @@ class TokenBuffer:
     def __getitem__(self, i: int) -> int: ...
 
     @overload
-    def __getitem__(self, i: slice) -> IdArray: ...
+    def __getitem__(self, i: slice) -> Sequence[int]: ...
 
-    def __getitem__(self, i: int | slice) -> int | IdArray:
+    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
+        """An int, or for a slice a read-only int64 ndarray view (typed as Sequence[int], which
+        is what the prefix cache's signatures accept; the cache keys it with one memcpy)."""
         view = self._buf[: self._n]
         if isinstance(i, slice):
             out: IdArray = view[i]
             out.flags.writeable = False
-            return out
+            return cast(Sequence[int], out)
         return int(view[i])
 
     def __iter__(self) -> Iterator[int]:
@@ -64,11 +66,12 @@ class TokenBuffer:
     __hash__ = None  # type: ignore[assignment]
 
     def tolist(self) -> list[int]:
-        return self._buf[: self._n].tolist()  # type: ignore[no-any-return]
+        out: list[int] = self._buf[: self._n].tolist()
+        return out
 
-    def array(self) -> IdArray:
-        """A read-only view of all ids (valid until the next append)."""
-        return self[:]
+    def array(self, start: int = 0, stop: int | None = None) -> IdArray:
+        """A read-only ndarray view of ids [start, stop) (valid until the next append)."""
+        return cast(IdArray, self[start:stop])
 
     def __repr__(self) -> str:
         return f"TokenBuffer({self.tolist()!r})"

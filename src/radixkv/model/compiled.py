@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixkv.model.linear import PackedLinear
+from radixkv.model.linear import LIB, PackedLinear
 
 if TYPE_CHECKING:
     from radixkv.model.llama import DecoderLayer, ForwardContext
@@ -32,15 +32,20 @@ if TYPE_CHECKING:
 _CTX: list[ForwardContext] = []
 
 
-@torch.library.custom_op("radixkv::attention", mutates_args=())
+LIB.define("attention(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """Store k/v at this step's slots of `layer`, then attend q to each request's context."""
     return _CTX[-1].attend(layer, q, k, v)
 
 
-@attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     return torch.empty_like(q)
+
+
+LIB.impl("attention", attention, "CompositeExplicitAutograd")
+torch.library.register_fake("radixkv::attention", _attention_fake, lib=LIB)
 
 
 class _TracedOps:

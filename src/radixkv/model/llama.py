@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -171,7 +171,7 @@ class CausalLM(nn.Module):
         # The output projection in packed form (a packed copy when tied: the embedding lookup
         # needs the plain matrix).
         self.head = PackedLinear(self.lm_head.detach())
-        self.windows = [layer.window for layer in self.layers]
+        self.windows = [layer.window for layer in self.decoder_layers]
         self.compiled: CompiledStack | None = None
         self.inv_freq: torch.Tensor
         self.register_buffer(
@@ -179,6 +179,10 @@ class CausalLM(nn.Module):
             rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict).to(device),
             persistent=False,
         )
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -194,7 +198,7 @@ class CausalLM(nn.Module):
         from radixkv.model.compiled import CompiledStack
 
         if self.compiled is None:
-            self.compiled = CompiledStack(list(self.layers))
+            self.compiled = CompiledStack(self.decoder_layers)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
