@@ -52,7 +52,8 @@ def exactness(
     if compile_model:
         lm.model.compile()
     # The reference is always float32: bf16 is judged against the exact answer.
-    hf = AutoModelForCausalLM.from_pretrained(lm.path, dtype=torch.float32).to(device).eval()
+    hf: Any = AutoModelForCausalLM.from_pretrained(lm.path, dtype=torch.float32)
+    hf = hf.to(device).eval()
     g = torch.Generator().manual_seed(0)
     vocab = lm.config.vocab_size
     seqs = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (37, 64)]
