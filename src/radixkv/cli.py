@@ -1,6 +1,6 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, serve, compare, report}.
+serve | demo | generate | chat | replay | bench {tree, engine, serve, compare, report, grammar}.
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -23,6 +23,8 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare
     ("radixkv.bench.report", True),  # bench report
+    ("radixkv.bench.grammar", True),  # bench grammar
+    ("radixkv.bench.peers", True),  # bench peers
 )
 
 

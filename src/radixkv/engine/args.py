@@ -62,6 +62,9 @@ def add_engine_args(
     g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
     g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
     g.add_argument(
+        "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
+    )
+    g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=compile_default,
@@ -90,4 +93,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         seed=args.seed,
         compile=bool(getattr(args, "compile", False)),
+        max_n=args.max_n,
     )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from radixkv.server.async_engine import AsyncEngine, EngineLike
+from radixkv.server.dashboard import RecentRequests, install_dashboard
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.protocol import (
@@ -52,7 +55,14 @@ class ServerState:
         )
         self.model_name = model_name
         self.api_key = api_key
+        # A token's own text, for logprobs (special tokens included).
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda tid: str(self.tokenizer.decode([tid], skip_special_tokens=False))
+        )
         self.sessions = SessionTracker()
+        # Per-process secret for the dashboard's short hashes of ids and salts (never shown).
+        self.label_key = secrets.token_bytes(16)
+        self.recent = RecentRequests(self.label_key)
         self.metrics = ServerMetrics(lambda: self.engine.last_metrics)
         self.started = int(time.time())
 
@@ -81,6 +91,7 @@ def create_app(engine: EngineLike, model_name: str, api_key: str | None = None) 
     app.state.radixkv = state
     install_error_handlers(app)
     _install_routes(app, state)
+    install_dashboard(app, state)
     app.add_middleware(auth_and_count_middleware(state))
     return app
 
@@ -101,13 +112,28 @@ async def _generate(
                 code="context_length_exceeded",
             )
         default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
-    sampling = req.sampling(default_max)
+    sampling = req.sampling(default_max, state.vocab_size)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
+    echo = None
+    if kind == "completion" and req.echo:
+        p = req.prompt_text_or_ids()
+        echo = p if isinstance(p, str) else state.tokenizer.decode(p)
     gen = Generation(
-        state, kind, request_id, stream, len(prompt_ids), t0, req.session_id, req.include_usage
+        state,
+        kind,
+        request_id,
+        stream,
+        len(prompt_ids),
+        t0,
+        req.session_id,
+        req.include_usage,
+        n=sampling.n,
+        logprobs=sampling.logprobs is not None,
+        echo=echo,
     )
+    gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
     if req.stream:
         return StreamingResponse(
             gen.sse(),

@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, name, api_key=args.api_key)
     log.info(
         "serving '%s' at http://%s:%d/v1 (auth: %s); metrics at /metrics, cache stats at "
-        "/cache/stats",
+        "/cache/stats, live dashboard at /dashboard",
         name,
         args.host,
         args.port,

@@ -88,7 +88,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     engine = build_engine(args)
     name = model_name_for(args)
     with BackgroundServer(engine, name, port=args.port) as srv:
-        print(f"\nRadixKV is serving '{name}' at {srv.url}/v1 (OpenAI-compatible)\n")
+        print(f"\nRadixKV is serving '{name}' at {srv.url}/v1 (OpenAI-compatible)")
+        print(f"Live dashboard (open it in a browser): {srv.url}/dashboard\n")
         print(f"Three questions sharing one {len(SYSTEM_PROMPT.split())}-word system prompt:\n")
         for i, question in enumerate(QUESTIONS, 1):
             r = _chat(srv.url, name, question, args.max_tokens)
@@ -104,7 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(
             f"Token hit rate so far: {stats['token_hit_rate']:.0%} "
             f"({stats['cached_prompt_tokens_total']} of {stats['prompt_tokens_total']} prompt "
-            f"tokens); more at {srv.url}/metrics and {srv.url}/cache/stats"
+            f"tokens); more at {srv.url}/dashboard, {srv.url}/metrics and {srv.url}/cache/stats"
         )
         if args.keep_serving:
             print(
