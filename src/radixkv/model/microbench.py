@@ -145,7 +145,12 @@ def _variant(name: str, dtype: torch.dtype) -> LoadedModel:
         else:
             os.environ["RADIXKV_PACK_WEIGHTS"] = old
     if name == "compiled":
-        lm.model.compile()
+        # Compile and warm up exactly as the engine does (ModelRunner.compile).
+        from radixkv.engine.runner import ModelRunner
+        from radixkv.memory.req_table import ReqToTokenTable
+
+        pool = KVPool(lm.config.pool_config(2, dtype=lm.dtype))
+        ModelRunner(lm.model, pool, ReqToTokenTable(1, 2, "cpu")).compile()
     return lm
 
 
