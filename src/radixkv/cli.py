@@ -20,6 +20,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.replay", False),  # replay
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
+    ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare
     ("radixkv.bench.report", True),  # bench report

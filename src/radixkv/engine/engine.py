@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from radixkv.cache.regret import RegretWindow
 from radixkv.engine import choices, introspect, setup
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.logits import next_tokens
@@ -76,6 +77,10 @@ class Engine:
         self.cache = setup.make_prefix_cache(cfg)
         self.kv = KVManager(self.allocator, self.table, self.cache)
         self.scheduler = Scheduler(cfg, self.kv)
+        if self.cache is not None and cfg.regret_window > 0:
+            self.scheduler.regret = RegretWindow(
+                cfg.page_size, self.allocator.num_slots, max_requests=cfg.regret_window
+            )
         self.runner = ModelRunner(self.lm.model, self.pool, self.table)
         if cfg.compile:
             self.runner.compile()
@@ -322,7 +327,33 @@ class Engine:
             finished_requests=self._finished_total,
             prefill_tokens_total=s.prefill_tokens_total,
             forked_choices_total=self._forked_total,
+            **self._window_fields(),
         )
+
+    def _window_fields(self) -> dict[str, Any]:
+        r = self.scheduler.regret
+        if r is None:
+            return {}
+        last = r.last
+        return {
+            "window_requests": last.requests,
+            "window_hit_rate": last.live_hit_rate,
+            "window_belady_hit_rate": last.belady_hit_rate,
+        }
+
+    def regret_stats(self) -> dict[str, Any]:
+        """Recompute the live-regret report now (Belady over the recent window at the pool's
+        capacity) and return it as plain data; `enabled` False when there is no window."""
+        r = self.scheduler.regret
+        if r is None:
+            return {"enabled": False}
+        rep = r.compute()
+        return {"enabled": True, **dataclasses.asdict(rep), "regret": rep.regret}
+
+    def close_session(self, session_id: str) -> bool:
+        """Drop the session's references on the cache (session-aware eviction); False if it
+        held none."""
+        return self.kv.close_session(session_id)
 
     def dashboard_state(self, key: bytes = b"", limit: int = 50) -> dict[str, Any]:
         """Pool census, hit counters and running/waiting requests for the dashboard (plain data;

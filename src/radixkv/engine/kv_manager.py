@@ -167,11 +167,28 @@ class KVManager:
             aligned = req.kv_len // self.page_size * self.page_size
             if aligned > req.prefix_len:
                 handed = self._insert(req, aligned)
+            self._hold_session(req, aligned)
         if handed < len(req.own_pages):
             self.allocator.free_page_ids(req.own_pages[handed:])
         self.unlock(req)
         self.table.free_row(req.row)
         req.row, req.kv_len, req.prefix_len, req.own_pages = -1, 0, 0, []
+
+    def _hold_session(self, req: Request, aligned: int) -> None:
+        """A request with a session_id leaves a session reference on the prefix it cached
+        (session-aware eviction keeps it ahead of unreferenced prefixes until the close)."""
+        sid = req.options.session_id
+        hold = getattr(self.cache, "hold_session", None)
+        if sid is None or hold is None or aligned <= 0:
+            return
+        assert self.cache is not None
+        m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
+        hold(sid, m.handle)
+
+    def close_session(self, session_id: str) -> bool:
+        """Drop the session's reference; False if the cache holds none for it."""
+        release = getattr(self.cache, "release_session", None)
+        return bool(release(session_id)) if release is not None else False
 
     # -- whole-pool operations ----------------------------------------------------------------
     def flush(self, idle: bool) -> None:

@@ -41,10 +41,12 @@ class ModelRunner:
         batch of >= 2 tokens uses) and one of a single token (its own graph). The warm-up
         writes K/V into the first two pool slots, which the allocator has not handed out yet
         (the caller compiles before any request is admitted), so nothing is disturbed."""
-        compile_fn = getattr(self.model, "compile", None)
-        if compile_fn is None:
+        # Only models that declare a compiled path (nn.Module.compile would wrap any other
+        # model's whole forward, batch objects and pools included); the rest run eagerly.
+        if not getattr(self.model, "supports_compile", False):
             return
-        compile_fn()
+        model: Any = self.model
+        model.compile()
         slots = torch.arange(2, dtype=torch.int64, device=self.device)
         with torch.inference_mode():
             self.model(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radixkv.cache.regret import RegretWindow
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.tokens import TokenBuffer
@@ -68,6 +69,8 @@ class Scheduler:
         # Totals over first admissions (retraction readmits are not double counted).
         self.prompt_tokens_total = 0
         self.cached_prompt_tokens_total = 0
+        # Live regret (set by the engine): first admissions are recorded as page keys.
+        self.regret: RegretWindow | None = None
         # Prompt positions the model computed (a forked choice computes none of its prompt).
         self.prefill_tokens_total = 0
 
@@ -230,4 +233,7 @@ class Scheduler:
             req.cached_tokens = prefix_len
             self.prompt_tokens_total += req.num_prompt
             self.cached_prompt_tokens_total += prefix_len
+            if self.regret is not None:
+                query = req.tokens[: len(req.tokens) - 1]  # what match_and_lock asked for
+                self.regret.record(query, req.namespace, req.num_prompt, prefix_len)
         return True

@@ -173,6 +173,11 @@ class EngineMetrics:
     generated_tokens_total: int
     num_preemptions: int
     finished_requests: int
+    # Live regret over the recent window (see radixkv.cache.regret): the cache's token hit rate
+    # and Belady's at the same capacity, from the last periodic computation.
+    window_requests: int = 0
+    window_hit_rate: float = 0.0
+    window_belady_hit_rate: float = 0.0
     # Prompt positions whose K/V the model computed (not served by the cache nor by a fork).
     prefill_tokens_total: int = 0
     forked_choices_total: int = 0  # choices of n > 1 requests that forked from a prefill
@@ -198,7 +203,7 @@ class EngineConfig:
     device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
     dtype: str = "auto"  # auto → bfloat16 on cuda and on CPUs with native bf16, else float32
     page_size: int = 1
-    eviction_policy: str = "lru"  # lru | lfu | fifo | mru | priority
+    eviction_policy: str = "lru"  # any of radixkv.cache.available_policies()
     schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
     cache: str = "radix"  # radix | blockhash
     disable_radix_cache: bool = False
@@ -209,6 +214,7 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
+    regret_window: int = 2048  # requests in the live-regret window (0: off)
     max_n: int = 16  # cap on choices per request (n); beyond it a 400
     # torch.compile the layer stack (inductor); compiled at start-up, cached on disk. On for
     # `radixkv serve`, off by default for the Python API and tests.

@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixkv.engine.batch import ForwardBatch
+from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from radixkv.model.config import ModelConfig
+from radixkv.model.hybrid import single_pool
 from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 from radixkv.model.linear import PackedLinear
 
@@ -155,6 +157,7 @@ class CausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = cfg
+        self.pool_spec = cfg.pool_spec()
         self.attention: AttentionBackend = attention or TorchAttention()
         embed = get("model.embed_tokens.weight")
         if embed is None:
@@ -192,6 +195,8 @@ class CausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
+    supports_compile = True  # ModelRunner.compile: this model has a compiled layer stack
+
     def compile(self) -> None:
         """Run the layer stack through torch.compile from now on (see radixkv.model.compiled).
         Idempotent: a model shared by several engines is compiled once."""
@@ -201,7 +206,8 @@ class CausalLM(nn.Module):
             self.compiled = CompiledStack(self.decoder_layers)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, pool: KVPool | ModelPools) -> torch.Tensor:
+        batch, pool = single_pool(batch, pool, self.pool_spec)  # ModelPools → its one pool
         device = self.device
         ids = batch.input_ids.to(device)
         positions = batch.positions.to(device)

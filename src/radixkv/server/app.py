@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import operator
 import secrets
 import time
 import uuid
@@ -230,7 +231,10 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/cache/stats")
     async def cache_stats() -> dict[str, Any]:
         m, memory = await state.engine.call(_metrics_and_census)
-        return {**_stats(state, m), "memory_check": memory}
+        out = {**_stats(state, m), "memory_check": memory}
+        if hasattr(state.engine.engine, "regret_stats"):
+            out["regret"] = await state.engine.call(operator.methodcaller("regret_stats"))
+        return out
 
     @app.get("/sessions/{session_id}")
     async def session(session_id: str) -> dict[str, Any]:
@@ -239,8 +243,9 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/sessions/{session_id}/close")
     async def close_session(session_id: str) -> dict[str, Any]:
         out = _session_or_404(state, session_id, close=True)
-        if hasattr(state.engine.engine, "close_session"):  # hook for session-aware eviction
-            await state.engine.call(lambda e: e.close_session(session_id))
+        if hasattr(state.engine.engine, "close_session"):  # session-aware eviction
+            released = await state.engine.call(operator.methodcaller("close_session", session_id))
+            out["cache_reference_released"] = bool(released)
         return out
 
 
