@@ -38,3 +38,18 @@ def test_compile_flag_defaults() -> None:
 
     assert parse([], False) is False and parse([], True) is True
     assert parse(["--compile"], False) is True and parse(["--no-compile"], True) is False
+
+
+def test_runner_compiles_only_models_with_a_compiled_path() -> None:
+    from torch import nn
+
+    from radixkv.engine.runner import ModelRunner
+    from radixkv.memory.pool import KVPool, KVPoolConfig
+    from radixkv.memory.req_table import ReqToTokenTable
+
+    class Plain(nn.Module):  # nn.Module.compile exists, but this model has no compiled path
+        def compile(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("must not be compiled")
+
+    pool = KVPool(KVPoolConfig(num_layers=1, num_kv_heads=1, head_dim=2, num_slots=4))
+    ModelRunner(Plain(), pool, ReqToTokenTable(1, 4)).compile()  # a no-op
