@@ -10,12 +10,17 @@ Each page has exactly one owner. A running request's positions [0, prefix_len) a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from radixkv.cache.base import PrefixCache
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
+
+if TYPE_CHECKING:
+    from radixkv.engine.tiers import TierManager
 
 
 class KVManager:
@@ -26,6 +31,8 @@ class KVManager:
         self.table = table
         self.cache = cache
         self.page_size = allocator.page_size
+        # Host/storage tiers (engine/tiers.py); hooks: on_insert, on_evict, on_l1_hit, extend.
+        self.tiers: TierManager | None = None
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -39,6 +46,8 @@ class KVManager:
         if pages is None and self.cache is not None:
             short = num_pages - self.allocator.free_pages
             evicted = self.cache.evict(short * self.page_size)
+            if self.tiers is not None:  # write_back demotes before the slots are freed
+                self.tiers.on_evict(evicted)
             self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
@@ -57,7 +66,11 @@ class KVManager:
         if m.length > 0:
             self.cache.lock(m.handle)
             req.handle = m.handle
-        return m.length, np.asarray(m.slots[: m.length], dtype=np.int64)
+        slots = np.asarray(m.slots[: m.length], dtype=np.int64)
+        if self.tiers is None:
+            return m.length, slots
+        self.tiers.on_l1_hit(slots)
+        return self.tiers.extend(self, req, m.length, slots)
 
     def unlock(self, req: Request) -> None:
         if req.handle is not None and self.cache is not None:
@@ -122,6 +135,8 @@ class KVManager:
         cached = self.cache.insert(
             req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
         )
+        if self.tiers is not None:
+            self.tiers.on_insert(req, slots, cached, aligned)
         if cached < req.prefix_len:
             raise RuntimeError(
                 f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
@@ -198,7 +213,12 @@ class KVManager:
         if idle:
             self.allocator.free_slots_of_pages(self.cache.reset())
         else:
-            self.allocator.free_slots_of_pages(self.cache.evict(self.cache.evictable_size))
+            evicted = self.cache.evict(self.cache.evictable_size)
+            if self.tiers is not None:
+                self.tiers.on_evict(evicted, demote=False)
+            self.allocator.free_slots_of_pages(evicted)
+        if self.tiers is not None:
+            self.tiers.flush(device_reset=idle)
 
     def census(self, running: list[Request]) -> tuple[int, int, int]:
         """(free, cached-in-tree, held-by-running) slot counts."""
@@ -226,3 +246,11 @@ class KVManager:
                 raise RuntimeError(f"request {r.request_id} has inconsistent lengths")
         if self.cache is not None:
             self.cache.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check(self.tree_pages())
+
+    def tree_pages(self) -> set[int]:
+        """Device pages the cache owns now (O(tree): for checks and shutdown)."""
+        if self.cache is None:
+            return set()
+        return {int(p) for p in self.allocator.slots_to_pages(self.cache.cached_slots())}

@@ -27,7 +27,7 @@ thread and hands requests in through a thread-safe queue.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -181,6 +181,11 @@ class EngineMetrics:
     # Prompt positions whose K/V the model computed (not served by the cache nor by a fork).
     prefill_tokens_total: int = 0
     forked_choices_total: int = 0  # choices of n > 1 requests that forked from a prefill
+    # Hierarchical cache: prompt tokens served per tier (first admission; device = L1 tree hit,
+    # host = loaded from L2, storage = fetched from L3; all device without tiers), and the
+    # tiers' own figures (host pool census in pages, storage health, I/O); empty without tiers.
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    tier_stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def token_hit_rate(self) -> float:
@@ -219,6 +224,20 @@ class EngineConfig:
     # torch.compile the layer stack (inductor); compiled at start-up, cached on disk. On for
     # `radixkv serve`, off by default for the Python API and tests.
     compile: bool = False
+    # Hierarchical cache (host L2, storage L3); names follow SGLang's HiCache flags.
+    enable_hierarchical_cache: bool = False
+    hicache_size: float | None = None  # L2 size in MiB; None → 2× the device pool
+    hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
+    hicache_storage_backend: str | None = None  # None (no L3) | file | redis
+    hicache_storage_url: str | None = None  # a directory (file) or redis://host:port[/db]
+    hicache_storage_prefetch_policy: str = "best_effort"  # | wait_complete | timeout
+    hicache_prefetch_timeout_s: float = 2.0  # `timeout` policy: wait at most this per request
+    hicache_storage_timeout_s: float = 1.0  # every storage call (Redis socket timeout)
+    hicache_flush_timeout_s: float = 10.0  # clean shutdown: pending L3 writes get this long
+
+    @property
+    def tiers_enabled(self) -> bool:
+        return self.enable_hierarchical_cache or self.hicache_storage_backend is not None
 
     @property
     def prefix_cache_enabled(self) -> bool:

@@ -149,6 +149,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uvicorn.run(
         app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
     )
+    if hasattr(engine, "close"):  # flush pending L3 writes (bounded) before the process ends
+        engine.close()
     return 0
 
 

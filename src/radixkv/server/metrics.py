@@ -62,6 +62,24 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"radixkv_{name}", doc, value=float(value))
+        yield from _tier_metrics(m)
+
+
+def _tier_metrics(m: EngineMetrics) -> Iterable[Metric]:
+    """Hierarchical cache: cached prompt tokens by tier, host pool census, storage health."""
+    if m.cached_tokens_by_tier:
+        fam = CounterMetricFamily(
+            "radixkv_cached_prompt_tokens_by_tier",
+            "Prompt tokens served from the cache, by the tier they came from",
+            labels=["tier"],
+        )
+        for tier, value in sorted(m.cached_tokens_by_tier.items()):
+            fam.add_metric([tier], float(value))
+        yield fam
+    for name, value in sorted(m.tier_stats.items()):
+        yield GaugeMetricFamily(
+            f"radixkv_hicache_{name}", f"Hierarchical cache: {name}", value=value
+        )
 
 
 class ServerMetrics:
