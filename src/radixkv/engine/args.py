@@ -11,8 +11,11 @@ from radixkv.engine.types import EngineConfig
 _D = EngineConfig()
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the engine flags to `parser` (in an "engine" argument group)."""
+def add_engine_args(
+    parser: argparse.ArgumentParser, *, compile_default: bool = False
+) -> argparse.ArgumentParser:
+    """Add the engine flags to `parser` (in an "engine" argument group). `compile_default` is
+    the default of --compile/--no-compile (on for the server, off for one-off tools)."""
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="HF checkpoint dir (default: embedded SmolLM2)")
     g.add_argument("--page-size", type=int, default=_D.page_size, help="tokens per KV page")
@@ -76,6 +79,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
+    )
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=compile_default,
+        help="torch.compile the model (inductor; first start compiles, later starts reuse the "
+        "on-disk cache under the RadixKV cache dir)",
     )
     _add_tier_args(parser)
     return parser
@@ -141,6 +151,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             args, "state_checkpoint_interval", _D.state_checkpoint_interval
         ),
         regret_window=args.regret_window,
+        compile=bool(getattr(args, "compile", False)),
         max_n=args.max_n,
         enable_hierarchical_cache=args.enable_hierarchical_cache,
         hicache_size=args.hicache_size,

@@ -114,6 +114,8 @@ class Engine:
                 cfg.page_size, self.allocator.num_slots, max_requests=cfg.regret_window
             )
         self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, swa_table)
+        if cfg.compile:
+            self.runner.compile()
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
         self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from radixkv.engine.stop import TextStream
+from radixkv.engine.tokens import TokenBuffer
 from radixkv.engine.types import (
     FinishReason,
     RequestOptions,
@@ -44,7 +45,8 @@ class Request:
     stream: TextStream
     generator: torch.Generator | None
     arrival: float = field(default_factory=time.perf_counter)
-    tokens: list[int] = field(default_factory=list)  # prompt + generated, in order
+    # prompt + generated, in order; packed int64 so prefixes go to the cache as O(1) views
+    tokens: TokenBuffer = field(default_factory=TokenBuffer)
     status: Status = Status.WAITING
     # Memory (valid while RUNNING).
     row: int = -1
@@ -79,8 +81,8 @@ class Request:
     logprobs: list[TokenLogprobs] | None = None  # per output token, when requested
 
     def __post_init__(self) -> None:
-        if not self.tokens:
-            self.tokens = list(self.prompt_ids)
+        if not len(self.tokens):
+            self.tokens = TokenBuffer(self.prompt_ids)
 
     @property
     def namespace(self) -> Hashable | None:
@@ -92,7 +94,7 @@ class Request:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.tokens[len(self.prompt_ids) :]
+        return self.tokens.array(len(self.prompt_ids)).tolist()
 
     @property
     def num_output(self) -> int:

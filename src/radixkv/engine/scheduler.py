@@ -20,6 +20,7 @@ import numpy as np
 from radixkv.cache.regret import RegretWindow
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
+from radixkv.engine.tokens import TokenBuffer
 from radixkv.engine.types import EngineConfig
 
 
@@ -43,11 +44,11 @@ class ScheduledBatch:
         return sum(self.extend_lens)
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+def _common_prefix(a: TokenBuffer, b: TokenBuffer, limit: int) -> int:
     n = min(len(a), len(b), limit)
     if n == 0:
         return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    diff = np.flatnonzero(a.array(0, n) != b.array(0, n))
     return int(diff[0]) if diff.size else n
 
 

@@ -3,6 +3,7 @@ sizing, cache construction, and normalising generate() arguments."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,9 +50,29 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 dot products natively (AVX512-BF16 or AMX-BF16), from
+    the Linux flags in /proc/cpuinfo (False where they cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """`auto`: bfloat16 on accelerators; on CPU bfloat16 only where the CPU has native bf16
+    (there its GEMMs read half the bytes at full speed, and decode is memory-bound), float32
+    elsewhere (emulated bf16 is slower than float32). $RADIXKV_AUTO_BF16=0 keeps CPU on float32."""
     if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
+        if torch.device(device).type != "cpu":
+            return torch.bfloat16
+        native = cpu_has_native_bf16() and os.environ.get("RADIXKV_AUTO_BF16", "1") != "0"
+        return torch.bfloat16 if native else torch.float32
     try:
         return _DTYPES[dtype]
     except KeyError:

@@ -209,7 +209,7 @@ class EngineConfig:
 
     model: str | None = None  # None → the embedded default model (SmolLM2-135M-Instruct)
     device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
-    dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
+    dtype: str = "auto"  # auto → bfloat16 on cuda and on CPUs with native bf16, else float32
     page_size: int = 1
     eviction_policy: str = "lru"  # any of radixkv.cache.available_policies()
     schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
@@ -228,6 +228,9 @@ class EngineConfig:
     state_checkpoint_interval: int = 256  # prefill tokens between STATE checkpoints (page-rounded)
     regret_window: int = 2048  # requests in the live-regret window (0: off)
     max_n: int = 16  # cap on choices per request (n); beyond it a 400
+    # torch.compile the layer stack (inductor); compiled at start-up, cached on disk. On for
+    # `radixkv serve`, off by default for the Python API and tests.
+    compile: bool = False
     # Hierarchical cache (host L2, storage L3); names follow SGLang's HiCache flags.
     enable_hierarchical_cache: bool = False
     hicache_size: float | None = None  # L2 size in MiB; None → 2× the device pool

@@ -28,6 +28,7 @@ log = logging.getLogger("radixkv.server")
 def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(serve)
+    serve.set_defaults(compile=True)  # a server compiles the model once at start-up
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
