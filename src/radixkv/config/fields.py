@@ -40,11 +40,13 @@ def opt(
     unit: int = 1,
     group: str | None = None,
     secret: bool = False,
+    negatable: bool = False,
 ) -> Any:
     """A section field. `flag=""` derives `--field-name`; `flag=None` gives no flag (API only).
     `unit` scales the flag's value into the field (--kv-cache-mb 512 → 512 * 2**20 bytes).
     `min`/`max` are inclusive bounds and `positive` means > 0 (None values are never checked).
-    `group` names a second argparse group of the section; `secret` masks the value in printouts."""
+    `group` names a second argparse group of the section; `secret` masks the value in printouts;
+    `negatable` gives a bool both --x and --no-x (otherwise a False default is a plain switch)."""
     meta = {
         "help": help,
         "flag": flag,
@@ -56,6 +58,7 @@ def opt(
         "unit": unit,
         "group": group,
         "secret": secret,
+        "negatable": negatable,
     }
     return dataclasses.field(default=default, metadata=meta, repr=not secret)
 
@@ -155,7 +158,7 @@ def _argparse_kwargs(f: dataclasses.Field[Any], default: Any) -> dict[str, Any]:
     m = f.metadata
     kw: dict[str, Any] = {"help": m["help"]}
     if isinstance(f.default, bool):
-        if f.default or default:  # on by default: --x / --no-x
+        if f.default or default or m.get("negatable"):  # --x / --no-x
             kw.update(action=argparse.BooleanOptionalAction, default=bool(default))
         else:
             kw.update(action="store_true", default=False)

@@ -45,7 +45,16 @@ class ModelConfig(Section):
     )
     device: str = opt("auto", "auto (cuda when torch sees a GPU, else cpu) | cpu | cuda[:N]")
     dtype: str = opt(
-        "auto", "weights and KV dtype (auto: bfloat16 on GPU, float32 on CPU)", choices=DTYPE_NAMES
+        "auto",
+        "weights and KV dtype (auto: bfloat16 on GPUs and on CPUs with native bf16, else float32)",
+        choices=DTYPE_NAMES,
+    )
+    # On for `radixkv serve` (its flag default), off by default for the Python API and tests.
+    compile: bool = opt(
+        False,
+        "torch.compile the model (inductor; first start compiles, later starts reuse the "
+        "on-disk cache under the RadixKV cache dir)",
+        negatable=True,
     )
 
     def check(self) -> list[tuple[str, str]]:
@@ -83,6 +92,24 @@ class CacheConfig(Section):
         flag="--kv-cache-mb",
         unit=2**20,
         positive=True,
+    )
+    # Hybrid models (SWA / STATE components; ignored otherwise).
+    swa_num_slots: int | None = opt(
+        None,
+        "hybrid: SWA KV pool in tokens (default: same as the full-attention pool)",
+        flag="--swa-slots",
+        type=int,
+        min=1,
+    )
+    state_num_slots: int | None = opt(
+        None,
+        "hybrid: STATE pool slots (default: 2 per running request + 32)",
+        flag="--state-slots",
+        type=int,
+        min=1,
+    )
+    state_checkpoint_interval: int = opt(
+        256, "hybrid: prefill tokens between recurrent-state checkpoints (page-aligned)", min=1
     )
     regret_window: int = opt(
         2048,

@@ -10,10 +10,13 @@ from typing import Any
 from radixkv.config import EngineConfig
 
 
-def add_engine_args(parser: argparse.ArgumentParser, **defaults: Any) -> argparse.ArgumentParser:
+def add_engine_args(
+    parser: argparse.ArgumentParser, *, compile_default: bool = False, **defaults: Any
+) -> argparse.ArgumentParser:
     """Add the model, cache and scheduler flags to `parser`, one argparse group per section;
-    `defaults` overrides flag defaults by field name."""
-    return EngineConfig.add_args(parser, **defaults)
+    `compile_default` is the default of --compile/--no-compile (on for the server, off for
+    one-off tools) and `defaults` overrides other flag defaults by field name."""
+    return EngineConfig.add_args(parser, compile=compile_default, **defaults)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

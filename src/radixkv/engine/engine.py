@@ -13,6 +13,7 @@ from typing import Any
 
 from radixkv.cache.regret import RegretWindow
 from radixkv.engine import choices, introspect, setup, tier_setup
+from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.logits import next_tokens
 from radixkv.engine.request import Request, Status
@@ -29,7 +30,8 @@ from radixkv.engine.types import (
     StreamDelta,
 )
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.pool import KVPool
+from radixkv.memory.hybrid import ModelPools
+from radixkv.memory.pool import KVPool, KVPoolConfig
 from radixkv.memory.req_table import ReqToTokenTable
 
 logger = logging.getLogger(__name__)
@@ -68,16 +70,42 @@ class Engine:
                 getattr(self.tokenizer, "eos_token_ids", ()) or (),
             )
         )
-        num_slots = setup.num_slots(cfg.cache, mc, dtype)
+        spec = setup.hybrid_spec(mc, cfg)
         page_size = cfg.cache.page_size
-        self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        self.pools: ModelPools | None = None
+        if spec is None:
+            num_slots = setup.num_slots(cfg.cache, mc, dtype)
+            self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        else:
+            num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
+            self.pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
+            self.pool = self.pools.full or KVPool(  # no FULL layer: zero-layer bookkeeping pool
+                KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
+            )
         self.allocator = PageAllocator(num_slots, page_size)
         max_context = min(
             self.allocator.pages_for(self.max_model_len) * page_size, self.allocator.num_slots
         )
-        self.table = ReqToTokenTable(cfg.scheduler.max_running_requests, max_context, device)
-        self.cache = setup.make_prefix_cache(cfg.cache)
-        self.kv = KVManager(self.allocator, self.table, self.cache)
+        max_running = cfg.scheduler.max_running_requests
+        self.table = ReqToTokenTable(max_running, max_context, device)
+        comps = None if spec is None else ComponentMemory.components_of(spec)
+        self.cache = setup.make_prefix_cache(cfg.cache, comps)
+        comp = None
+        swa_table = None
+        if spec is not None and self.pools is not None:
+            if self.pools.swa is not None:
+                swa_table = ReqToTokenTable(max_running, max_context, device)
+            comp = ComponentMemory(
+                spec,
+                self.pools,
+                page_size,
+                swa_table,
+                self.cache,
+                cfg.cache.state_checkpoint_interval,
+            )
+        self.kv = KVManager(self.allocator, self.table, self.cache, comp)
+        if spec is not None and cfg.tiers_enabled:
+            raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
         self.tiers = self.kv.tiers = tier_setup.make_tiers(cfg.cache, self.pool, self.lm)
         # Requests held back until their L3 prefetch lands (wait_complete / timeout policies).
         self._prefetching: dict[str, tuple[Request, float]] = {}
@@ -87,7 +115,9 @@ class Engine:
             self.scheduler.regret = RegretWindow(
                 page_size, self.allocator.num_slots, max_requests=cfg.cache.regret_window
             )
-        self.runner = ModelRunner(self.lm.model, self.pool, self.table)
+        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, swa_table)
+        if cfg.model.compile:
+            self.runner.compile()
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
         self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use
@@ -378,12 +408,25 @@ class Engine:
             generated_tokens_total=self._generated_total,
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
+            component_pools=self._component_pools(),
             cached_tokens_by_tier=dict(self._tier_hits),
             tier_stats=self.tiers.stats() if self.tiers is not None else {},
             prefill_tokens_total=s.prefill_tokens_total,
             forked_choices_total=self._forked_total,
             **self._window_fields(),
         )
+
+    def _component_pools(self) -> dict[str, dict[str, int]]:
+        """Size / free / cached / held slots per pool (FULL always; SWA and STATE if any)."""
+        free, cached, held = self.kv.census(self.scheduler.running)
+        out = {
+            "full": {"size": self.allocator.num_slots, "free": free, "cached": cached, "held": held}
+        }
+        if self.pools is not None and self.pools.full is None:
+            out["full"]["virtual"] = 1  # no FULL layer: token bookkeeping slots, no tensor
+        if self.kv.comp is not None:
+            out.update(self.kv.comp.census(self.scheduler.running))
+        return out
 
     def _window_fields(self) -> dict[str, Any]:
         r = self.scheduler.regret

@@ -23,13 +23,14 @@ def apply_processors(
 ) -> torch.Tensor:
     """Penalties, bias and grammar applied to one 1-D f32 CPU row (a processed copy)."""
     row = row.clone()
-    if params.repetition_penalty != 1.0 and tokens:
+    # `tokens` may be a TokenBuffer whose slices are numpy views: test lengths, not truthiness.
+    if params.repetition_penalty != 1.0 and len(tokens):
         ids = torch.unique(torch.tensor(list(tokens), dtype=torch.long))
         vals = row[ids]
         p = params.repetition_penalty
         row[ids] = torch.where(vals > 0, vals / p, vals * p)
     output = tokens[num_prompt:]
-    if (params.presence_penalty or params.frequency_penalty) and output:
+    if (params.presence_penalty or params.frequency_penalty) and len(output):
         ids, counts = torch.unique(torch.tensor(list(output), dtype=torch.long), return_counts=True)
         row[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(row.dtype)
     if params.logit_bias:

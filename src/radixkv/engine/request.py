@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from radixkv.engine.stop import TextStream
+from radixkv.engine.tokens import TokenBuffer
 from radixkv.engine.types import (
     FinishReason,
     RequestOptions,
@@ -44,7 +45,8 @@ class Request:
     stream: TextStream
     generator: torch.Generator | None
     arrival: float = field(default_factory=time.perf_counter)
-    tokens: list[int] = field(default_factory=list)  # prompt + generated, in order
+    # prompt + generated, in order; packed int64 so prefixes go to the cache as O(1) views
+    tokens: TokenBuffer = field(default_factory=TokenBuffer)
     status: Status = Status.WAITING
     # Memory (valid while RUNNING).
     row: int = -1
@@ -53,6 +55,15 @@ class Request:
     handle: Any = None
     own_pages: list[int] = field(default_factory=list)
     admit_seq: int = -1  # larger = admitted later; the newest is retracted first
+    # Hybrid components (engine/components_kv.py). SWA: own pages cover [swa_lo, swa_lo +
+    # len(swa_pages) * page_size); positions before swa_lo hold the tree's slots or -1.
+    swa_pages: list[int] = field(default_factory=list)
+    swa_lo: int = 0
+    state_slot: int = -1  # working state (STATE pool), valid after kv_len tokens
+    snap_slot: int = -1  # copy of the working state at snap_pos (a page boundary), or -1
+    snap_pos: int = 0
+    resume_ckpt: int = -1  # checkpoint matched at admission (copied into state_slot at bind)
+    ckpt_target: int = 0  # divergence boundary to leave a checkpoint at (0: none)
     # Stats.
     cached_tokens: int = 0  # prompt tokens served from the cache on first admission
     admitted_once: bool = False
@@ -70,8 +81,8 @@ class Request:
     logprobs: list[TokenLogprobs] | None = None  # per output token, when requested
 
     def __post_init__(self) -> None:
-        if not self.tokens:
-            self.tokens = list(self.prompt_ids)
+        if not len(self.tokens):
+            self.tokens = TokenBuffer(self.prompt_ids)
 
     @property
     def namespace(self) -> Hashable | None:
@@ -83,7 +94,7 @@ class Request:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.tokens[len(self.prompt_ids) :]
+        return self.tokens.array(len(self.prompt_ids)).tolist()
 
     @property
     def num_output(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from radixkv.engine.batch import ForwardBatch
@@ -18,26 +19,73 @@ class ForwardModel(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, model: ForwardModel | Any, pool: KVPool, table: ReqToTokenTable) -> None:
+    def __init__(
+        self,
+        model: ForwardModel | Any,
+        pool: KVPool,
+        table: ReqToTokenTable,
+        pools: Any = None,
+        swa_table: ReqToTokenTable | None = None,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.table = table
         self.device = torch.device(pool.config.device)
+        # Hybrid models: the ModelPools handed to the model, and the SWA slot table.
+        self.pools = pools
+        self.swa_table = swa_table
 
     def build(self, sched: ScheduledBatch) -> ForwardBatch:
-        ids: list[int] = []
+        ids: list[np.ndarray] = []
         contexts: list[torch.Tensor] = []
         for req, n in zip(sched.reqs, sched.extend_lens, strict=True):
             end = req.kv_len + n
-            ids.extend(req.tokens[req.kv_len : end])
+            ids.append(req.tokens.array(req.kv_len, end))
             contexts.append(self.table.get(req.row, 0, end))
-        return ForwardBatch.from_contexts(ids, contexts, sched.extend_lens, device=self.device)
+        flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
+        if self.pools is None:
+            return ForwardBatch.from_contexts(flat, contexts, sched.extend_lens, device=self.device)
+        swa = None
+        if self.swa_table is not None:
+            swa = [
+                self.swa_table.get(r.row, 0, r.kv_len + n)
+                for r, n in zip(sched.reqs, sched.extend_lens, strict=True)
+            ]
+        state = [r.state_slot for r in sched.reqs] if self.pools.state is not None else None
+        return ForwardBatch.from_contexts(
+            flat,
+            contexts,
+            sched.extend_lens,
+            device=self.device,
+            swa_context_slots=swa,
+            state_slots=state,
+        )
+
+    def compile(self) -> None:
+        """Compile the model (if it can be) and warm it up, so that serving never waits on the
+        compiler: one forward of two tokens (the dynamic-shape graph every prefill and decode
+        batch of >= 2 tokens uses) and one of a single token (its own graph). The warm-up
+        writes K/V into the first two pool slots, which the allocator has not handed out yet
+        (the caller compiles before any request is admitted), so nothing is disturbed."""
+        # Only models that declare a compiled path (nn.Module.compile would wrap any other
+        # model's whole forward, batch objects and pools included); the rest run eagerly.
+        # Hybrid / SWA models (self.pools set) keep their eager path too.
+        if self.pools is not None or not getattr(self.model, "supports_compile", False):
+            return
+        model: Any = self.model
+        model.compile()
+        slots = torch.arange(2, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            self.model(
+                ForwardBatch.from_contexts([0, 0], [slots], [2], device=self.device), self.pool
+            )
+            self.model(ForwardBatch.from_contexts([0], [slots], [1], device=self.device), self.pool)
 
     def forward(self, sched: ScheduledBatch) -> torch.Tensor:
         """Logits [R, vocab] of each request's last new token."""
         batch = self.build(sched)
         with torch.inference_mode():
-            logits = self.model(batch, self.pool)
+            logits = self.model(batch, self.pool if self.pools is None else self.pools)
         if logits.shape[0] != batch.num_requests:
             raise RuntimeError(
                 f"model returned {logits.shape[0]} logit rows for {batch.num_requests} requests"

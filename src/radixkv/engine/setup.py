@@ -4,13 +4,14 @@ arguments."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from radixkv.cache.base import PrefixCache
-from radixkv.config import CacheConfig
+from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.types import SamplingParams
 from radixkv.memory.pool import KVPoolConfig
 
@@ -32,9 +33,29 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 dot products natively (AVX512-BF16 or AMX-BF16), from
+    the Linux flags in /proc/cpuinfo (False where they cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """`auto`: bfloat16 on accelerators; on CPU bfloat16 only where the CPU has native bf16
+    (there its GEMMs read half the bytes at full speed, and decode is memory-bound), float32
+    elsewhere (emulated bf16 is slower than float32). $RADIXKV_AUTO_BF16=0 keeps CPU on float32."""
     if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
+        if torch.device(device).type != "cpu":
+            return torch.bfloat16
+        native = cpu_has_native_bf16() and os.environ.get("RADIXKV_AUTO_BF16", "1") != "0"
+        return torch.bfloat16 if native else torch.float32
     try:
         return _DTYPES[dtype]
     except KeyError:
@@ -68,13 +89,62 @@ def num_slots(cfg: CacheConfig, model_config: Any, dtype: torch.dtype) -> int:
     return n
 
 
-def make_prefix_cache(cfg: CacheConfig) -> PrefixCache | None:
+def make_prefix_cache(cfg: CacheConfig, components: Any = None) -> PrefixCache | None:
+    """The prefix cache; a hybrid model's `components` (cache.components.Components) need the
+    radix tree, which holds every component on one tree."""
     if not cfg.prefix_cache_enabled:
         return None
-    from radixkv.cache import make_cache
+    from radixkv.cache import RadixCache, make_cache
 
+    if components is not None and components.hybrid:
+        if cfg.kind != "radix":
+            raise ValueError(f"hybrid models need --cache radix (got {cfg.kind!r})")
+        return RadixCache(cfg.page_size, cfg.eviction_policy, components)
     cache: PrefixCache = make_cache(cfg.kind, cfg.page_size, cfg.eviction_policy)
     return cache
+
+
+def hybrid_spec(model_config: Any, cfg: EngineConfig | None = None) -> Any:
+    """The model's PoolSpec when it needs SWA or STATE pools, else None (FULL-only path).
+
+    A model without FULL layers (Mistral: every layer sliding) still gets a FULL allocator and
+    FULL slots in the tree, but over a pool of zero layers: they are token bookkeeping only (the
+    tree's leaf-first eviction and the request table run on them), the K/V lives in SWA."""
+    get = getattr(model_config, "pool_spec", None)
+    spec = get() if callable(get) else None
+    if spec is None or not (spec.has_swa or spec.has_state):
+        return None
+    if cfg is not None and cfg.cache.kind != "radix" and not spec.has_full and not spec.has_state:
+        # An all-sliding model with a cache that has no components (blockhash): the old path,
+        # every layer's K/V in one FULL pool with the window applied by attention.
+        return None
+    return spec
+
+
+def hybrid_sizes(cfg: EngineConfig, spec: Any, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(FULL slots, SWA slots, STATE slots) of a hybrid model's pools, whole pages."""
+    cc = cfg.cache
+    ps = cc.page_size
+    full = cc.num_slots
+    full_b, swa_b = spec.kv_bytes_per_token(dtype)
+    if full is None:
+        full = max(1, cc.kv_cache_bytes // (full_b + swa_b))
+    swa = cc.swa_num_slots if cc.swa_num_slots is not None else full
+    if not spec.has_full and cc.num_slots is None:
+        full = 8 * swa  # virtual FULL slots (no tensor): how many tokens can be tracked
+    state = cc.state_num_slots
+    if state is None:
+        state = 2 * cfg.scheduler.max_running_requests + 32
+    full, swa = full // ps * ps, swa // ps * ps
+    if full < ps:
+        raise ValueError("the KV budget does not hold a single page")
+    if spec.has_swa:
+        least = -(-(spec.swa_window + cfg.scheduler.chunked_prefill_size) // ps) * ps + 2 * ps
+        if swa < least:
+            raise ValueError(f"the SWA pool needs at least {least} slots (window + one chunk)")
+    if spec.has_state and state < 2:
+        raise ValueError("the STATE pool needs at least 2 slots")
+    return full, swa, state
 
 
 def normalize_prompts(prompts: Any) -> list[str | list[int]]:

@@ -58,6 +58,24 @@ class DecodeView:
     width: int
     valid: torch.Tensor  # [Rd, width] bool
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive [Rd,1,1,W]
+    # Gather targets reused by every layer of the forward (dtype → (k, v) [Rd * width, KV, D]):
+    # each layer's gathered K/V is consumed by its attention before the next layer gathers.
+    buffers: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def gather(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This view's K/V rows of one layer, into the per-forward buffers (no allocation)."""
+        bufs = self.buffers.get(k_cache.dtype)
+        if bufs is None:
+            shape = (self.slots.shape[0], *k_cache.shape[1:])
+            bufs = self.buffers[k_cache.dtype] = (
+                k_cache.new_empty(shape),
+                v_cache.new_empty(shape),
+            )
+        torch.index_select(k_cache, 0, self.slots, out=bufs[0])
+        torch.index_select(v_cache, 0, self.slots, out=bufs[1])
+        return bufs
 
 
 @dataclass
@@ -230,8 +248,9 @@ class TorchAttention:
         mask = view.masks.get(dtype)
         if mask is None:
             mask = view.masks[dtype] = _additive(view.valid, dtype)[:, None, None, :]
-        k = k_cache.index_select(0, view.slots).view(r, view.width, kv, d).transpose(1, 2)
-        v = v_cache.index_select(0, view.slots).view(r, view.width, kv, d).transpose(1, 2)
+        k_rows, v_rows = view.gather(k_cache, v_cache)
+        k = k_rows.view(r, view.width, kv, d).transpose(1, 2)
+        v = v_rows.view(r, view.width, kv, d).transpose(1, 2)
         out = _attend_core(q.view(r, kv, h // kv, d), k, v, mask, scale, self.kernel == "sdpa")
         return out.reshape(r, h, d)
 

@@ -8,6 +8,8 @@ one matmul each at load time; names of the fused parameters are ours, the loader
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,10 @@ from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAt
 from radixkv.model.config import ModelConfig
 from radixkv.model.hybrid import single_pool
 from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from radixkv.model.linear import PackedLinear
+
+if TYPE_CHECKING:
+    from radixkv.model.compiled import CompiledStack
 
 # Returns the HF tensor of that name (already on the target device/dtype), or None if absent.
 WeightGetter = Callable[[str], "torch.Tensor | None"]
@@ -27,6 +33,40 @@ WeightGetter = Callable[[str], "torch.Tensor | None"]
 
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.contiguous(), requires_grad=False)
+
+
+class LayerOps(Protocol):
+    """The two calls a decoder layer makes that are not element-wise: a projection and
+    attention over the pool (which also stores this step's K/V)."""
+
+    def linear(self, lin: PackedLinear, x: torch.Tensor) -> torch.Tensor: ...
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+@dataclass
+class ForwardContext:
+    """What attention needs during one forward: the pool, the backend and its per-forward
+    metadata, where this step's tokens' K/V go, and each layer's window and scale."""
+
+    pool: KVPool
+    backend: AttentionBackend
+    meta: AttentionMetadata
+    out_slots: torch.Tensor
+    windows: list[int | None]
+    scale: float
+
+    def linear(self, lin: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        return lin(x)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # Invariant: new K/V are in the pool before attention reads the context by slot.
+        self.pool.write(layer, self.out_slots, k, v)
+        return self.backend.attend(
+            q, self.pool.k[layer], self.pool.v[layer], self.meta, self.windows[layer], self.scale
+        )
 
 
 class DecoderLayer(nn.Module):
@@ -58,46 +98,36 @@ class DecoderLayer(nn.Module):
         a = "self_attn."
         self.input_norm = _param(need("input_layernorm.weight"))
         self.post_norm = _param(need("post_attention_layernorm.weight"))
-        self.qkv_w = _param(
+        self.qkv = PackedLinear(
             torch.cat(
                 [need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")]
-            )
+            ),
+            torch.cat([need(a + f"{n}_proj.bias") for n in "qkv"]) if cfg.qkv_bias else None,
         )
-        self.qkv_b = (
-            _param(torch.cat([need(a + f"{n}_proj.bias") for n in "qkv"])) if cfg.qkv_bias else None
-        )
-        self.o_w = _param(need(a + "o_proj.weight"))
-        o_b = maybe(a + "o_proj.bias", cfg.o_bias)
-        self.o_b = None if o_b is None else _param(o_b)
+        self.o_proj = PackedLinear(need(a + "o_proj.weight"), maybe(a + "o_proj.bias", cfg.o_bias))
         self.q_norm = _param(need(a + "q_norm.weight")) if cfg.qk_norm else None
         self.k_norm = _param(need(a + "k_norm.weight")) if cfg.qk_norm else None
         m = "mlp."
         self.inter = cfg.intermediate_size
-        self.gate_up_w = _param(
-            torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")])
-        )
-        self.gate_up_b = (
-            _param(torch.cat([need(m + "gate_proj.bias"), need(m + "up_proj.bias")]))
+        self.gate_up = PackedLinear(
+            torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")]),
+            torch.cat([need(m + "gate_proj.bias"), need(m + "up_proj.bias")])
             if cfg.mlp_bias
-            else None
+            else None,
         )
-        self.down_w = _param(need(m + "down_proj.weight"))
-        down_b = maybe(m + "down_proj.bias", cfg.mlp_bias)
-        self.down_b = None if down_b is None else _param(down_b)
+        self.down = PackedLinear(
+            need(m + "down_proj.weight"), maybe(m + "down_proj.bias", cfg.mlp_bias)
+        )
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        out_slots: torch.Tensor,
-        pool: KVPool,
-        attn: AttentionBackend,
-        meta: AttentionMetadata,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: LayerOps
     ) -> torch.Tensor:
+        """x [T, hidden] → x after this block. `ops` supplies the linear and attention calls
+        (eager, or custom ops when traced by the compiler); everything else here is plain
+        element-wise torch that inductor fuses (residual add + RMSNorm, RoPE, SiLU * up)."""
         t = x.shape[0]
         h = rms_norm(x, self.input_norm, self.eps)
-        qkv = F.linear(h, self.qkv_w, self.qkv_b)
+        qkv = ops.linear(self.qkv, h)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
@@ -107,15 +137,11 @@ class DecoderLayer(nn.Module):
             k = rms_norm(k, self.k_norm, self.eps)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        # Invariant: new K/V are in the pool before attention reads the context by slot.
-        pool.write(self.index, out_slots, k, v)
-        o = attn.attend(
-            q, pool.k[self.index], pool.v[self.index], meta, self.window, self.head_dim**-0.5
-        )
-        x = x + F.linear(o.reshape(t, self.q_size).to(x.dtype), self.o_w, self.o_b)
+        o = ops.attend(self.index, q, k, v)
+        x = x + ops.linear(self.o_proj, o.reshape(t, self.q_size).to(x.dtype))
         h = rms_norm(x, self.post_norm, self.eps)
-        gate, up = F.linear(h, self.gate_up_w, self.gate_up_b).split(self.inter, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_w, self.down_b)
+        gate, up = ops.linear(self.gate_up, h).split(self.inter, dim=-1)
+        return x + ops.linear(self.down, F.silu(gate) * up)
 
 
 class CausalLM(nn.Module):
@@ -145,12 +171,21 @@ class CausalLM(nn.Module):
         head = None if cfg.tie_word_embeddings else get("lm_head.weight")
         # Tied checkpoints (or ones that omit lm_head) share the embedding matrix.
         self.lm_head = self.embed if head is None else _param(head)
+        # The output projection in packed form (a packed copy when tied: the embedding lookup
+        # needs the plain matrix).
+        self.head = PackedLinear(self.lm_head.detach())
+        self.windows = [layer.window for layer in self.decoder_layers]
+        self.compiled: CompiledStack | None = None
         self.inv_freq: torch.Tensor
         self.register_buffer(
             "inv_freq",
             rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict).to(device),
             persistent=False,
         )
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -160,20 +195,39 @@ class CausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
+    supports_compile = True  # ModelRunner.compile: this model has a compiled layer stack
+
+    def compile(self) -> None:
+        """Run the layer stack through torch.compile from now on (see radixkv.model.compiled).
+        Idempotent: a model shared by several engines is compiled once."""
+        from radixkv.model.compiled import CompiledStack
+
+        if self.compiled is None:
+            self.compiled = CompiledStack(self.decoder_layers)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool | ModelPools) -> torch.Tensor:
         batch, pool = single_pool(batch, pool, self.pool_spec)  # ModelPools → its one pool
         device = self.device
         ids = batch.input_ids.to(device)
         positions = batch.positions.to(device)
-        out_slots = batch.out_slots.to(device)
         x = F.embedding(ids, self.embed)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        meta = self.attention.prepare(batch, device)
-        for layer in self.layers:
-            x = layer(x, cos, sin, out_slots, pool, self.attention, meta)
+        ctx = ForwardContext(
+            pool=pool,
+            backend=self.attention,
+            meta=self.attention.prepare(batch, device),
+            out_slots=batch.out_slots.to(device),
+            windows=self.windows,
+            scale=self.config.head_dim**-0.5,
+        )
+        if self.compiled is not None:
+            x = self.compiled(x, cos, sin, ctx)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, ctx)
         if not batch.return_all_logits:
             last = torch.tensor(batch.extend_lens, device=device).cumsum(0) - 1
             x = x.index_select(0, last)
         x = rms_norm(x, self.norm, self.config.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return self.head(x).float()

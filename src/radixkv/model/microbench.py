@@ -5,6 +5,10 @@
    default model's head layout (9 query heads, 3 KV heads, head_dim 64). Both variants read K/V
    from a pool by slot index, so the gather cost is included in both.
 2. The default model end to end: prefill tokens/s and single-request decode tokens/s.
+3. `--steps-ab plain,packed,compiled`: one decode step of B requests after P-token prompts for
+   each variant of the default model (plain F.linear weights / oneDNN-packed / packed + compiled),
+   the variants' steps interleaved so a shared machine's load hits them alike; `--profile` adds a
+   torch.profiler table of the last variant's steps.
 Times are the best of several runs (on a shared machine the minimum is the least disturbed).
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -126,6 +131,77 @@ def model_bench(prompt_len: int, decode_steps: int, decode_batch: int, repeats: 
     }
 
 
+def _variant(name: str, dtype: torch.dtype) -> LoadedModel:
+    """The default model as `plain` (unpacked weights), `packed` or `compiled`."""
+    if name not in ("plain", "packed", "compiled"):
+        raise SystemExit(f"unknown variant {name!r} (plain | packed | compiled)")
+    old = os.environ.get("RADIXKV_PACK_WEIGHTS")
+    os.environ["RADIXKV_PACK_WEIGHTS"] = "0" if name == "plain" else "1"
+    try:
+        lm = load_model(None, dtype=dtype)
+    finally:
+        if old is None:
+            del os.environ["RADIXKV_PACK_WEIGHTS"]
+        else:
+            os.environ["RADIXKV_PACK_WEIGHTS"] = old
+    if name == "compiled":
+        # Compile and warm up exactly as the engine does (ModelRunner.compile).
+        from radixkv.engine.runner import ModelRunner
+        from radixkv.memory.req_table import ReqToTokenTable
+
+        pool = KVPool(lm.config.pool_config(2, dtype=lm.dtype))
+        ModelRunner(lm.model, pool, ReqToTokenTable(1, 2, "cpu")).compile()
+    return lm
+
+
+def steps_ab(
+    variants: list[str], dtype: torch.dtype, batch: int, prompt: int, steps: int, prof: bool
+) -> dict[str, dict[str, float]]:
+    """Best/median ms of a B-request decode step per variant (steps interleaved), and the max
+    logit difference of each variant from the first."""
+    total = prompt + steps + 1
+    ids = torch.randint(3, 49152, (batch, total))
+    ctx = [torch.arange(r * total, (r + 1) * total) for r in range(batch)]
+    runs = {}
+    for name in variants:
+        lm = _variant(name, dtype)
+        pool = KVPool(lm.config.pool_config(total * batch, dtype=lm.dtype))
+        prefill = ForwardBatch.from_contexts(
+            ids[:, :prompt].reshape(-1), [c[:prompt] for c in ctx], [prompt] * batch
+        )
+        lm.model(prefill, pool)
+        runs[name] = (lm, pool)
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    logits: dict[str, list[torch.Tensor]] = {n: [] for n in variants}
+    profiler = None
+    for s in range(steps + 1):
+        p = prompt + s
+        b = ForwardBatch.from_contexts(ids[:, p], [c[: p + 1] for c in ctx], [1] * batch)
+        if prof and s == 1:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        for name in variants:
+            lm, pool = runs[name]
+            if profiler is not None and name == variants[-1]:
+                profiler.start()
+            t0 = time.perf_counter()
+            logits[name].append(lm.model(b, pool))
+            if s:  # the first step may still compile or allocate
+                times[name].append(1000 * (time.perf_counter() - t0))
+            if profiler is not None and name == variants[-1]:
+                profiler.stop()
+    if profiler is not None:
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    out = {}
+    for name in variants:
+        diffs = zip(logits[name], logits[variants[0]], strict=True)
+        out[name] = {
+            "best_ms": min(times[name]),
+            "median_ms": statistics.median(times[name]),
+            "max_abs_logit_diff": max(float((a - b).abs().max()) for a, b in diffs),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prefill-len", type=int, default=512)
@@ -135,9 +211,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--skip-model", action="store_true")
+    parser.add_argument("--steps-ab", default=None, help="e.g. plain,packed,compiled (only this)")
+    parser.add_argument("--dtype", default="float32", help="--steps-ab: float32 | bfloat16")
+    parser.add_argument("--prompt-len", type=int, default=256, help="--steps-ab: prompt tokens")
+    parser.add_argument("--profile", action="store_true", help="--steps-ab: profiler table")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.steps_ab:
+        variants = [v.strip() for v in args.steps_ab.split(",") if v.strip()]
+        res = steps_ab(
+            variants,
+            getattr(torch, args.dtype),
+            args.decode_batch,
+            args.prompt_len,
+            args.decode_steps,
+            args.profile,
+        )
+        print(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype, **res}))
+        return
     out = {
         "threads": torch.get_num_threads(),
         "attention": attention_bench(

@@ -33,6 +33,7 @@ def register(subparsers: Any) -> None:
 
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(serve)
+    serve.set_defaults(compile=True)  # a server compiles the model once at start-up
     ServerConfig.add_args(serve)  # --host, --port, --api-key, --served-model-name, --log-level
     serve.set_defaults(func=cmd_serve)
 

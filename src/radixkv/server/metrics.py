@@ -50,6 +50,17 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"radixkv_{name}", doc, value=float(value))
+        if m.component_pools:
+            pools = GaugeMetricFamily(
+                "radixkv_component_pool_slots",
+                "Slots of each memory component's pool (full, swa, state) by owner: "
+                "size, free, cached (held by the tree), held (by running requests)",
+                labels=["pool", "owner"],
+            )
+            for pool, row in sorted(m.component_pools.items()):
+                for owner, value in sorted(row.items()):
+                    pools.add_metric([pool, owner], float(value))
+            yield pools
         counters = {
             "prompt_tokens": ("Prompt tokens of admitted requests", m.prompt_tokens_total),
             "cached_prompt_tokens": (
