@@ -44,7 +44,7 @@ class _Sampler:
     def step(self) -> Any:
         out = self.engine.step()
         eng = self.engine
-        ps = eng.config.page_size
+        ps = eng.config.cache.page_size
         swa_table = eng.runner.swa_table
         for r in eng.scheduler.running:
             cap = r.prefix_len + len(r.own_pages) * ps
