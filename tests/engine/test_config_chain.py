@@ -164,7 +164,9 @@ def test_flags_build_the_same_config_as_the_api() -> None:
     flags = [a for act in _parser()._actions for a in act.option_strings]
     sections = (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig)
     declared = [flag_of(f) for section in sections for f in section.fields()]
-    assert sorted(f for f in declared if f) == sorted(f for f in flags if f not in ("-h", "--help"))
+    negations = {"--no-" + f.removeprefix("--") for f in declared if f}
+    registered = [f for f in flags if f not in ("-h", "--help", *negations)]
+    assert sorted(f for f in declared if f) == sorted(registered)
 
 
 def test_describe_and_format_mask_the_api_key() -> None:
