@@ -158,6 +158,11 @@ def test_flags_build_the_same_config_as_the_api() -> None:
         hicache_prefetch_timeout_s=0.5,
     )
     assert got == want
+    # Flag defaults can be changed per command, by flat name.
+    p = EngineConfig.add_args(argparse.ArgumentParser(), compile=True, model="m", max_n=2)
+    want = EngineConfig(compile=True, model="m", max_n=2)
+    assert EngineConfig.from_args(p.parse_args([])) == want
+    assert not EngineConfig.from_args(p.parse_args(["--no-compile"])).model.compile
     # A parser without the server flags leaves that section at its defaults.
     assert EngineConfig.from_args(_parser(server=False).parse_args([])).server == ServerConfig()
     # Every flag a section declares is registered exactly once.

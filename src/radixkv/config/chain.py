@@ -108,11 +108,15 @@ class EngineConfig:
         """Register the flags of the model, cache and scheduler sections (and of the server
         section with `server=True`), one argparse group each; `defaults` override flag defaults
         by flat name."""
+        per_section: dict[str, dict[str, Any]] = {n: {} for n in SECTIONS}
+        for key, value in defaults.items():
+            if key not in _FLAT:
+                raise TypeError(f"no flag for {key!r}")
+            sname, fname = _FLAT[key]
+            per_section[sname][fname] = value
         for sname, section in SECTIONS.items():
-            if sname == "server" and not server:
-                continue
-            names = {f.name for f in section.fields()}
-            section.add_args(parser, **{k: v for k, v in defaults.items() if k in names})
+            if sname != "server" or server:
+                section.add_args(parser, **per_section[sname])
         return parser
 
     @classmethod
