@@ -88,13 +88,19 @@ class Section:
         yield from dataclasses.fields(cls)  # type: ignore[arg-type]
 
     @classmethod
-    def add_args(cls, parser: argparse.ArgumentParser, **defaults: Any) -> None:
-        """Register this section's flags (one group per `group`); `defaults` overrides the
-        flag default of a field by name (e.g. compile on for `serve`, off for tools)."""
+    def add_args(
+        cls,
+        parser: argparse.ArgumentParser,
+        only: Sequence[str] | None = None,
+        **defaults: Any,
+    ) -> None:
+        """Register this section's flags (one group per `group`), or only those of the fields
+        named in `only`; `defaults` overrides the flag default of a field by name (e.g.
+        compile on for `serve`, off for tools)."""
         groups: dict[str, Any] = {}
         for f in cls.fields():
             flag = flag_of(f)
-            if flag is None:
+            if flag is None or (only is not None and f.name not in only):
                 continue
             title = f.metadata.get("group") or cls.title
             if title not in groups:
