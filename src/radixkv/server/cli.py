@@ -140,6 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             timeout_graceful_shutdown=5,
         )
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
+        pass
     finally:
         close_server_engine(engine)
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import shutil
@@ -113,6 +114,10 @@ class ProcessEngine(EngineClient):
         try:
             assert self.proc.stdin is not None
             ipc.write_frame(self.proc.stdin, spec)  # stdin then stays open: our lifeline
+            # Unpickling the engine's tokenizer imports radixkv.model (and torch, seconds): do
+            # it now, while the engine process is busy loading, rather than after.
+            with contextlib.suppress(ImportError):
+                importlib.import_module("radixkv.model.tokenizer")
             self._set_info(self._wait_ready())
         except BaseException:
             self.close()
