@@ -90,9 +90,11 @@ def server_step_ms(args: argparse.Namespace, in_process: bool) -> dict[str, floa
         flags.append("--in-process")
     with LocalServer(args.model, flags) as srv:
         asyncio.run(_round(srv.url, _prompts(args.streams, args.prompt_len, 1), args.max_tokens))
+        before = httpx.get(srv.url + "/cache/stats", timeout=60).json()["engine"]
         stamps = asyncio.run(
             _round(srv.url, _prompts(args.streams, args.prompt_len, 2), args.max_tokens)
         )
+        after = httpx.get(srv.url + "/cache/stats", timeout=60).json()["engine"]
         step = client_step_ms(stamps)
         wall = max(s[-1] for s in stamps) - min(s[0] for s in stamps)
         tokens = sum(len(s) for s in stamps)
@@ -100,6 +102,11 @@ def server_step_ms(args: argparse.Namespace, in_process: bool) -> dict[str, floa
         "client_step_ms": step,
         "decode_tok_s": args.streams * 1000 / step,
         "tokens": tokens,
+        # The server's engine over the whole measured round (prefill steps included).
+        "server_engine_steps": after["steps"] - before["steps"],
+        "server_engine_mean_step_ms": 1000
+        * (after["step_seconds"] - before["step_seconds"])
+        / max(1, after["steps"] - before["steps"]),
         "wall_s": wall,
     }
 

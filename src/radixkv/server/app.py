@@ -254,6 +254,12 @@ def _stats(state: ServerState, m: Any) -> dict[str, Any]:
         "token_hit_rate": m.token_hit_rate,
         "pool_usage": m.pool_usage,
         "inflight_requests": state.engine.inflight,
+        # Where the engine runs and how long its steps took (the server's overhead is the rest).
+        "engine": {
+            "pid": state.engine.pid,
+            "steps": state.engine.steps,
+            "step_seconds": round(state.engine.step_seconds, 6),
+        },
         "config": {
             "cache": cfg.cache,
             "prefix_cache_enabled": cfg.prefix_cache_enabled,

@@ -71,6 +71,7 @@ class EngineClient(abc.ABC):
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
         self._methods: frozenset[str] = frozenset()
+        self._pid: int | None = None
 
     def _set_info(self, info: EngineInfo) -> None:
         self.config = info.config
@@ -78,6 +79,7 @@ class EngineClient(abc.ABC):
         self.max_model_len = info.max_model_len
         self.last_metrics = info.metrics
         self._methods = info.methods
+        self._pid = info.pid
         cfg = info.config
         # Past this many unfinished requests, refuse new ones (503) instead of queueing memory.
         self.max_inflight = self._max_inflight_arg or (
@@ -106,6 +108,11 @@ class EngineClient(abc.ABC):
         """Deliver one command to the engine (never blocks)."""
 
     # ---- queries ----
+    @property
+    def pid(self) -> int | None:
+        """The engine's process id (this process's own in the in-process mode)."""
+        return self._pid
+
     @property
     def inflight(self) -> int:
         return len(self._streams)

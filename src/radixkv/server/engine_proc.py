@@ -80,10 +80,6 @@ class ProcessEngine(EngineClient):
         self._started = False
         self._stopping = False
 
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
     # ---- launch (blocking, before the event loop serves) ----
     def launch(self) -> ProcessEngine:
         if self.proc is not None:
@@ -119,6 +115,7 @@ class ProcessEngine(EngineClient):
             with contextlib.suppress(ImportError):
                 importlib.import_module("radixkv.model.tokenizer")
             self._set_info(self._wait_ready())
+            self._pid = self.proc.pid
         except BaseException:
             self.close()
             raise
