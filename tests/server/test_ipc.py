@@ -191,3 +191,49 @@ def _running(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+class _SlowPrefill(FakeEngine):
+    """Steps that produce no token (like prefill chunks) before the first one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.silent_steps = 2
+
+    def step(self) -> list[StreamDelta]:
+        if self.silent_steps:
+            self.silent_steps -= 1
+            time.sleep(0.002)
+            return []
+        return super().step()
+
+
+def test_core_one_message_per_step_in_order() -> None:
+    """EngineCore without a transport: what each message holds, and in which order."""
+    from radixkv.server.engine_core import AbortCmd, AddCmd, CallCmd, EngineCore, Outputs, StopCmd
+
+    script: list[list[Any]] = [
+        [
+            AddCmd("a", [5, 6], SamplingParams(max_tokens=2), NO_OPTIONS),
+            AddCmd("b", [5] * 600, SamplingParams(max_tokens=1), NO_OPTIONS),  # refused
+            CallCmd(7, operator.methodcaller("metrics")),
+            AbortCmd("nobody"),
+        ],
+        [],
+        [],
+        [],
+        [StopCmd()],
+    ]
+    sent: list[Outputs] = []
+    core = EngineCore(_SlowPrefill())
+    assert core.run(lambda _t: script.pop(0) if script else [StopCmd()], sent.append) is None
+    first = sent[0]
+    assert [rid for rid, _ in first.accepted] == ["a", "b"]
+    assert first.accepted[0][1] is None and first.accepted[1][1] is not None
+    assert first.results[0][0] == 7 and first.results[0][1] is True
+    assert [d.request_id for d in first.deltas] == ["nobody"]  # the abort closes at once
+    assert first.metrics is not None and first.metrics.running_requests == 1
+    # The silent step still reports (fresh metrics, no deltas); then one token per message.
+    assert sent[1].deltas == [] and sent[1].steps == 2
+    assert [len(o.deltas) for o in sent[2:]] == [1, 1] and sent[-1].deltas[0].finished
+    assert sent[-1].metrics is not None and sent[-1].metrics.running_requests == 0

@@ -10,7 +10,8 @@ Invariants:
 - commands are applied in arrival order, between steps, and everything they and the following step
   produce leaves in ONE `Outputs` message, in the order it happened (acks and call results first,
   then deltas), so the API side sees one message per step, not one per token;
-- every `Outputs` carries a fresh EngineMetrics snapshot, so /metrics never needs an RPC;
+- every `Outputs` carries a fresh EngineMetrics snapshot, and every step that did work sends one
+  (even a prefill chunk that produced no token), so /metrics never needs an RPC;
 - every message is plain data (the commands and outputs below, the engine/types dataclasses, and
   whatever picklable callable a `CallCmd` carries), so it can cross a process boundary unchanged.
 """
@@ -157,6 +158,7 @@ class EngineCore:
         self.steps = 0
         self.step_seconds = 0.0
         self._out = Outputs()
+        self._stepped = False  # a step ran since the last message (its metrics are news)
 
     def run(
         self,
@@ -195,14 +197,17 @@ class EngineCore:
         self._out.deltas.extend(deltas)
         if not deltas and dt < 1e-3:
             # Work queued but nothing could run (an empty step): yield the CPU briefly instead
-            # of spinning.
+            # of spinning (and send nothing: nothing changed).
             time.sleep(1e-3)
+        else:
+            self._stepped = True  # e.g. a prefill chunk: no tokens, but the metrics moved
 
     def _flush(self, emit: Callable[[Outputs], None]) -> None:
         out = self._out
-        if not out:
+        if not out and not self._stepped:
             return
         self._out = Outputs()
+        self._stepped = False
         out.metrics = self.engine.metrics()
         out.steps = self.steps
         out.step_seconds = self.step_seconds
