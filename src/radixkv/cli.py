@@ -23,6 +23,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare
     ("radixkv.bench.report", True),  # bench report
+    ("radixkv.bench.peers", True),  # bench peers
 )
 
 

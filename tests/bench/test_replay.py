@@ -21,8 +21,8 @@ from radixkv.bench.replay import (
 )
 from radixkv.bench.traces import TraceRequest, load_claude_code, load_mooncake
 
-# CI clones the repository with shared/ beside it: <parent>/{repo, shared/traces}.
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+# The public traces ship with the repository (data/traces/README.md).
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 MOONCAKE_CONV = TRACES / "mooncake-fast25" / "conversation_trace.jsonl"
 
 
@@ -201,7 +201,6 @@ def test_replay_command_writes_table_json_and_plot(
     assert out_png.stat().st_size > 1000
 
 
-@pytest.mark.skipif(not MOONCAKE_CONV.exists(), reason="shared traces not present")
 def test_smoke_real_mooncake_head(tmp_path: Path) -> None:
     head = tmp_path / "head.jsonl"
     with MOONCAKE_CONV.open() as fh:

@@ -59,6 +59,8 @@ def test_demo_shows_cache_hits(model_dir: Path, capsys: pytest.CaptureFixture[st
     cached = [int(c) for _, c in found]
     assert len(cached) == 3 and cached[0] == 0 and min(cached[1:]) > 100
     assert "Token hit rate so far:" in out
+    url = re.search(r"Live dashboard \(open it in a browser\): (http://\S+/dashboard)\n", out)
+    assert url is not None and url.group(1).startswith("http://127.0.0.1:")
 
 
 def test_serve_flags_parse() -> None:

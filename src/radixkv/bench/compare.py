@@ -27,6 +27,7 @@ from radixkv.bench.rounds import merge_rounds, order_lines, round_orders
 from radixkv.bench.serve import add_client_args, run_workload
 from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer
 from radixkv.bench.tokens import TokenSource
+from radixkv.bench.trace_files import display_command
 from radixkv.bench.workload_cli import (
     add_workload_args,
     build_workload,
@@ -165,7 +166,8 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             per_round[name].append({**res, "round": r, "position": pos})
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": getattr(args, "command_line", None) or shlex.join(["radixkv", *sys.argv[1:]]),
+        "command": getattr(args, "command_line", None)
+        or display_command(["radixkv", *sys.argv[1:]]),
         "model": args.model,
         "machine": machine,
         "workload": workload.describe(),

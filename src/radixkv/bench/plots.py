@@ -63,9 +63,12 @@ def trace_hit_vs_capacity(
     per cache design, plotted as hit rate vs capacity; returns the replay reports as JSON."""
     from radixkv.bench.plot import plot_hit_rates
     from radixkv.bench.replay import replay_grid
+    from radixkv.bench.trace_files import display_path, resolve_trace
     from radixkv.bench.traces import load_trace
 
-    reqs = load_trace(trace, max_sessions=max_sessions)
+    resolved = resolve_trace(trace)
+    trace = display_path(resolved)
+    reqs = load_trace(resolved, max_sessions=max_sessions)
     if max_requests is not None:
         reqs = reqs[:max_requests]
     reports = [replay_grid(trace, reqs, cache_kind=c, policies=("lru",)) for c in caches]

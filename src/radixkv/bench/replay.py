@@ -22,6 +22,13 @@ from typing import Any, cast
 
 import numpy as np
 
+from radixkv.bench.trace_files import (
+    DEFAULT_REPLAY_TRACE,
+    NAMED_TRACES,
+    display_args,
+    display_path,
+    resolve_trace,
+)
 from radixkv.bench.traces import DEFAULT_SESSION_GAP_S, TraceRequest, load_trace, trace_summary
 from radixkv.cache.base import PrefixCache
 
@@ -247,10 +254,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "traces",
-        nargs="+",
+        nargs="*",
+        default=[DEFAULT_REPLAY_TRACE],
         metavar="TRACE",
         help="Mooncake .jsonl, Claude Code .tar.xz archive, a directory of trace_*.json, "
-        "or one trace .json (format auto-detected)",
+        "or one trace .json (format auto-detected); or a trace shipped in data/traces/, by "
+        f"path there or by name ({', '.join(NAMED_TRACES)}); default: {DEFAULT_REPLAY_TRACE}",
     )
     p.add_argument(
         "--capacity-tokens",
@@ -313,9 +322,15 @@ def run(args: argparse.Namespace) -> int:
     """`radixkv replay`: load each trace, run the grid, print tables, then JSON and plot."""
     gap = args.session_gap
     reports: list[TraceReport] = []
-    for path in args.traces:
+    for name in args.traces:
+        try:
+            resolved = resolve_trace(name)
+        except FileNotFoundError as exc:
+            print(f"radixkv replay: {exc}", file=sys.stderr)
+            return 2
+        path = display_path(resolved)  # what the table, JSON and plot call it
         t0 = time.perf_counter()
-        requests = load_trace(path, session_gap=gap, max_sessions=args.max_sessions)
+        requests = load_trace(resolved, session_gap=gap, max_sessions=args.max_sessions)
         if args.limit is not None:
             requests = requests[: args.limit]
         load_s = time.perf_counter() - t0
@@ -340,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(report), flush=True)
         print()
     if args.json:
-        doc = {"argv": sys.argv[1:], "traces": [r.to_dict() for r in reports]}
+        doc = {"argv": display_args(sys.argv[1:]), "traces": [r.to_dict() for r in reports]}
         args.json.write_text(json.dumps(doc, indent=2))
     if args.plot:
         from radixkv.bench.plot import plot_hit_rates

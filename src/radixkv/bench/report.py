@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
 import sys
 import time
@@ -20,6 +19,7 @@ from radixkv.bench.compare import add_compare_args, draw_ttft_cdf, run_compare, 
 from radixkv.bench.compare_table import BASELINE, markdown_table, rounds_table
 from radixkv.bench.rounds import order_lines
 from radixkv.bench.server_proc import CONFIG_HELP
+from radixkv.bench.trace_files import display_command
 from radixkv.bench.workload_cli import workloads_help
 
 # CPU-sized defaults for the report's own run (shared-prefix: 8 groups × 4 prompts, 1024 + 64),
@@ -215,7 +215,9 @@ def render(
 
 def _cmd_report(args: argparse.Namespace) -> int:
     md_path = Path(args.out)
-    command = shlex.join(["radixkv", *sys.argv[1:]]) if sys.argv[1:] else "radixkv bench report"
+    command = (
+        display_command(["radixkv", *sys.argv[1:]]) if sys.argv[1:] else "radixkv bench report"
+    )
     results: list[dict[str, Any]] = []
     if args.from_json:
         results = [json.loads(Path(p).read_text()) for p in args.from_json]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -36,13 +37,19 @@ CONFIG_HELP = {
 }
 
 
+def home_relative(text: str) -> str:
+    """`text` with this user's home directory written as ~ (reports carry no machine paths)."""
+    home = str(Path.home())
+    return text.replace(home + "/", "~/") if home not in ("", "/") else text
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as r:
             return bool(r.status == 200)
@@ -81,6 +88,17 @@ class LocalServer:
             cmd += ["--model", self.model]
         return cmd + self.flags
 
+    def describe(self) -> dict[str, object]:
+        """The command line (with the thread settings in force), for reports."""
+        env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "RADIXKV_THREADS") if k in os.environ}
+        prefix = " ".join(f"{k}={v}" for k, v in env.items())
+        cmd = shlex.join(["python", *self.command[1:]])
+        return {
+            "command": home_relative(f"{prefix} {cmd}".strip()),
+            "env": env,
+            "startup_s": self.startup_s,
+        }
+
     def start(self) -> None:
         out: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path:
@@ -98,7 +116,7 @@ class LocalServer:
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}; {self._log_tail()}")
-            if _healthy(self.url):
+            if healthy(self.url):
                 self.startup_s = time.perf_counter() - t0
                 return
             time.sleep(0.25)

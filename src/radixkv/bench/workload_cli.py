@@ -121,7 +121,12 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     ):
         g.add_argument(flag, type=int, default=None, help=help_)
     g.add_argument("--no-shuffle", dest="shuffle", action="store_const", const=False, default=None)
-    g.add_argument("--trace", default=None, help="trace: a Mooncake .jsonl or Claude Code file/dir")
+    g.add_argument(
+        "--trace",
+        default=None,
+        help="trace: a Mooncake .jsonl or Claude Code file/dir, or a shipped trace by name "
+        "(mooncake, mooncake-synthetic, claude-code; from data/traces/); default claude-code",
+    )
     g.add_argument("--time-scale", type=float, default=None, help="trace: arrival times x this")
     g.add_argument("--length-scale", type=int, default=None, help="trace: lengths / this (CPU)")
     g.add_argument(

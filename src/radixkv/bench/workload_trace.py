@@ -57,13 +57,13 @@ def trace_workload(
     seed: int = 0,
 ) -> Workload:
     """Requests of `trace` in arrival order (see the module doc for scaling)."""
+    from radixkv.bench.trace_files import DEFAULT_WORKLOAD_TRACE, display_path, resolve_trace
     from radixkv.bench.traces import load_trace
 
-    if not trace:
-        raise ValueError("the trace workload needs --trace PATH")
+    path = resolve_trace(trace or DEFAULT_WORKLOAD_TRACE)  # FileNotFoundError names the options
     if length_scale < 1 or time_scale < 0:
         raise ValueError("--length-scale must be >= 1 and --time-scale >= 0")
-    loaded = load_trace(trace, max_sessions=max_sessions)
+    loaded = load_trace(path, max_sessions=max_sessions)
     if max_requests is not None:
         loaded = loaded[:max_requests]
     t0 = loaded[0].arrival_s if loaded else 0.0
@@ -90,7 +90,7 @@ def trace_workload(
             )
         )
     params: dict[str, Any] = dict(
-        trace=str(trace),
+        trace=display_path(path),  # repository-relative in every report
         time_scale=time_scale,
         length_scale=length_scale,
         max_requests=max_requests,

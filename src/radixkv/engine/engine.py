@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.engine import setup
+from radixkv.engine import introspect, setup
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
@@ -294,6 +294,16 @@ class Engine:
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
         )
+
+    def dashboard_state(self, key: bytes = b"", limit: int = 50) -> dict[str, Any]:
+        """Pool census, hit counters and running/waiting requests for the dashboard (plain data;
+        sizes, counts, ages and keyed short hashes only; see radixkv.engine.introspect)."""
+        return introspect.dashboard_state(self, key, limit)
+
+    def cache_tree(self, top_k: int = 40, max_depth: int = 8, key: bytes = b"") -> dict[str, Any]:
+        """The largest `top_k` subtrees of depth <= `max_depth`, without token ids (see
+        radixkv.cache.tree_view)."""
+        return introspect.cache_tree(self, top_k, max_depth, key)
 
     def check_memory(self) -> None:
         """Raise RuntimeError unless free + cached + held == pool size (and owners are sane)."""

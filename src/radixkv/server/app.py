@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import operator
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from starlette.background import BackgroundTask
 
 from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.engine_client import EngineClient
+from radixkv.server.dashboard import RecentRequests, install_dashboard
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.protocol import (
@@ -61,6 +63,9 @@ class ServerState:
         self.model_name = model_name
         self.api_key = api_key
         self.sessions = SessionTracker()
+        # Per-process secret for the dashboard's short hashes of ids and salts (never shown).
+        self.label_key = secrets.token_bytes(16)
+        self.recent = RecentRequests(self.label_key)
         self.metrics = ServerMetrics(self.engine.metrics)
         self.started = int(time.time())
 
@@ -91,6 +96,7 @@ def create_app(
     app.state.radixkv = state
     install_error_handlers(app)
     _install_routes(app, state)
+    install_dashboard(app, state)
     app.add_middleware(auth_and_count_middleware(state))
     return app
 
@@ -118,6 +124,7 @@ async def _generate(
     gen = Generation(
         state, kind, request_id, stream, len(prompt_ids), t0, req.session_id, req.include_usage
     )
+    gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
     if req.stream:
         return StreamingResponse(
             gen.sse(),

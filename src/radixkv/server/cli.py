@@ -124,7 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(engine, name, api_key=args.api_key)
         log.info(
             "serving '%s' at http://%s:%d/v1 (auth: %s, engine %s); metrics at /metrics, cache "
-            "stats at /cache/stats",
+            "stats at /cache/stats, live dashboard at /dashboard",
             name,
             args.host,
             args.port,

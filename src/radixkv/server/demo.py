@@ -105,7 +105,8 @@ def _run_demo(args: argparse.Namespace, server: Any) -> int:
 
     name = server.state.model_name
     with server as srv:
-        print(f"\nRadixKV is serving '{name}' at {srv.url}/v1 (OpenAI-compatible)\n")
+        print(f"\nRadixKV is serving '{name}' at {srv.url}/v1 (OpenAI-compatible)")
+        print(f"Live dashboard (open it in a browser): {srv.url}/dashboard\n")
         print(f"Three questions sharing one {len(SYSTEM_PROMPT.split())}-word system prompt:\n")
         for i, question in enumerate(QUESTIONS, 1):
             r = _chat(srv.url, name, question, args.max_tokens)
@@ -121,7 +122,7 @@ def _run_demo(args: argparse.Namespace, server: Any) -> int:
         print(
             f"Token hit rate so far: {stats['token_hit_rate']:.0%} "
             f"({stats['cached_prompt_tokens_total']} of {stats['prompt_tokens_total']} prompt "
-            f"tokens); more at {srv.url}/metrics and {srv.url}/cache/stats"
+            f"tokens); more at {srv.url}/dashboard, {srv.url}/metrics and {srv.url}/cache/stats"
         )
         if args.keep_serving:
             print(

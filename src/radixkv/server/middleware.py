@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixkv.engine.types import RequestError
+from radixkv.server.dashboard import page_key_ok
 from radixkv.server.protocol import APIError, overloaded
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ _KNOWN_ROUTES = frozenset(
         "/metrics",
         "/flush_cache",
         "/cache/stats",
+        "/cache/tree",
+        "/dashboard",
+        "/dashboard/state",
     }
 )
 
@@ -71,7 +75,12 @@ def _auth_and_count(state: ServerState, app: Any) -> ASGIApp:
             await send(message)
 
         try:
-            if state.api_key and path != "/health" and not _authorized(scope, state.api_key):
+            if (
+                state.api_key
+                and path != "/health"
+                and not _authorized(scope, state.api_key)
+                and not page_key_ok(scope, state.api_key)
+            ):
                 err = APIError(
                     "invalid or missing API key (send 'Authorization: Bearer <key>')",
                     401,

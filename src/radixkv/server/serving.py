@@ -54,6 +54,8 @@ class Generation:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self._first_token = False
+        self.ttft_s: float | None = None
+        self.cache_salt: str | None = None
         self._done = False
 
     # ---- delta bookkeeping ----
@@ -65,7 +67,8 @@ class Generation:
         self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
         if delta.new_token_ids and not self._first_token:
             self._first_token = True
-            self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+            self.ttft_s = time.perf_counter() - self.t0
+            self.state.metrics.ttft.observe(self.ttft_s)
         if delta.finished:
             self.finish_reason = delta.finish_reason or "stop"
             self.error = delta.error
@@ -84,6 +87,7 @@ class Generation:
         m.latency.observe(time.perf_counter() - self.t0)
         m.request_prompt_tokens.inc(self.prompt_tokens)
         m.request_cached_tokens.inc(self.cached_tokens)
+        self.state.recent.record(self, self.cache_salt)
         if self.session_id is not None:
             self.state.sessions.record(
                 self.session_id, self.prompt_tokens, self.cached_tokens, self.completion_tokens

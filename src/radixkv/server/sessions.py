@@ -65,6 +65,15 @@ class SessionTracker:
     def get(self, session_id: str) -> SessionStats | None:
         return self._sessions.get(session_id)
 
+    def most_recent(self, n: int) -> list[SessionStats]:
+        """The `n` most recently used sessions, newest first."""
+        out: list[SessionStats] = []
+        for stats in reversed(self._sessions.values()):
+            if len(out) >= n:
+                break
+            out.append(stats)
+        return out
+
     def close(self, session_id: str) -> SessionStats | None:
         """Mark a session closed and return its final stats (None if unknown)."""
         stats = self._sessions.get(session_id)

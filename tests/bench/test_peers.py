@@ -1,0 +1,121 @@
+"""`radixkv bench peers`: the peer server's start/stop and recorded environment, vLLM's client
+contract (against a stand-in `vllm` package), and the side-by-side table."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from radixkv.bench.peer_server import PeerServer, vllm_env
+from radixkv.bench.peer_table import peers_table
+from radixkv.bench.peers import WORKLOADS, run_vllm_client
+
+HEALTH_SERVER = textwrap.dedent(
+    """
+    import http.server, sys
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def test_vllm_env_binds_every_core_and_reserves_none() -> None:
+    env = vllm_env(2)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert vllm_env(1)["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+
+
+def test_peer_server_starts_reports_and_stops(tmp_path: Path) -> None:
+    srv = PeerServer([sys.executable, "-c", HEALTH_SERVER], {"X_PEER": "1"}, tmp_path / "l", 30)
+    with srv:
+        assert srv.proc is not None
+        pid = srv.proc.pid
+        desc = srv.describe()
+        assert desc["command"].startswith("X_PEER=1 ")
+        assert f"--port {srv.port}" in desc["command"]
+        assert desc["startup_s"] is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the whole process group is gone
+
+
+def test_peer_server_that_dies_is_an_error_with_its_log(tmp_path: Path) -> None:
+    code = "import sys; print('bad flag'); sys.exit(3)"
+    with pytest.raises(RuntimeError, match="bad flag"):
+        PeerServer([sys.executable, "-c", code], {}, tmp_path / "l", 30).start()
+
+
+FAKE_VLLM = textwrap.dedent(
+    """
+    import json, os
+    def add_cli_args(p):
+        for f in ("--backend", "--base-url", "--model", "--tokenizer", "--seed",
+                  "--result-dir", "--result-filename", "--num-warmups", "--dataset-name",
+                  "--num-prompts", "--max-concurrency", "--random-input-len",
+                  "--random-output-len"):
+            p.add_argument(f)
+        for f in ("--ignore-eos", "--save-result", "--disable-tqdm"):
+            p.add_argument(f, action="store_true")
+    def main(a):
+        assert a.ignore_eos and a.save_result and a.backend == "openai"
+        res = {"duration": 2.5, "mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0,
+               "output_throughput": 64.0, "args": vars(a)}
+        with open(os.path.join(a.result_dir, a.result_filename), "w") as f:
+            json.dump(res, f)
+    """
+)
+
+
+def test_vllm_client_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "site" / "vllm" / "benchmarks"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "serve.py").write_text(FAKE_VLLM)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    res = run_vllm_client(sys.executable, "http://x", "m", "tok", "random", tmp_path, 7)
+    assert res["duration"] == 2.5
+    assert res["args"]["dataset_name"] == "random"
+    assert res["args"]["random_input_len"] == "256"
+    assert res["args"]["seed"] == "7"
+    assert "<vllm.benchmarks.serve>" in res["command"]
+
+
+def _our(wall: float, ttft: float, tpot: float) -> dict[str, object]:
+    summary = {
+        "wall_s": wall,
+        "ttft_s": {"mean": ttft},
+        "tpot_s": {"mean": tpot},
+        "output_tok_per_s": 1.0,
+        "token_hit_rate": 0.5,
+    }
+    return {"summary": summary}
+
+
+def test_peers_table_ratios_and_start_lines() -> None:
+    def run(engine: str, dur: float) -> dict[str, object]:
+        v = {"duration": dur, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0, "output_throughput": 1.0}
+        return {
+            "engine": engine,
+            "dtype": "float32",
+            "server": {"command": f"start {engine}"},
+            "random": {"vllm_client": v, "radixkv_client": _our(dur, 0.1, 0.01)},
+        }
+
+    result = {"workloads": dict.fromkeys(WORKLOADS), "runs": [run("radixkv", 9), run("vllm", 10)]}
+    md = peers_table(result)
+    assert "| random | vllm | float32 | duration (s) | 9.0 | 10.0 | 0.90x |" in md
+    assert "| random | radixkv | float32 | token hit rate | 50.0% | 50.0% | - |" in md
+    assert "- vllm float32: `start vllm`" in md
+    assert "prefix" not in md.split("How")[0]
+    json.dumps(result)
