@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from radixkv.server.async_engine import AsyncEngine, EngineLike
-from radixkv.server.engine_client import EngineClient
 from radixkv.server.dashboard import RecentRequests, install_dashboard
+from radixkv.server.engine_client import EngineClient
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.protocol import (
