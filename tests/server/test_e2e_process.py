@@ -107,6 +107,16 @@ def test_disconnects_free_everything(srv: LiveServer) -> None:
     assert flushed["flushed"] and flushed["free_slots"] == flushed["pool_slots"]
 
 
+def test_dashboard_and_stats_cross_the_boundary(srv: LiveServer) -> None:
+    _client(srv).completions.create(model=MODEL, prompt=SYSTEM, max_tokens=2)
+    state = httpx.get(srv.url + "/dashboard/state", timeout=30).json()
+    assert state["stats"]["pool_slots"] == 4096 and state["recent_total"] >= 1
+    tree = httpx.get(srv.url + "/cache/tree", timeout=30)
+    assert tree.status_code == 200
+    stats = _stats(srv)
+    assert stats["engine"]["pid"] != os.getpid() and stats["engine"]["steps"] > 0
+
+
 def test_killed_engine_is_503_and_ends_streams(model_dir: Path) -> None:
     engine = _process_engine(model_dir)
     try:
