@@ -146,11 +146,12 @@ class EngineClient(abc.ABC):
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._streams[request_id] = stream
         self._accepts[request_id] = accepted
-        self._send(AddCmd(request_id, prompt_ids, sampling, options))
         try:
+            self._send(AddCmd(request_id, prompt_ids, sampling, options))
             await accepted
         except RequestError:
             self._streams.pop(request_id, None)
+            self._accepts.pop(request_id, None)
             raise
         except BaseException:  # our waiter was cancelled: the add may still land, so abort it
             self._accepts.pop(request_id, None)
