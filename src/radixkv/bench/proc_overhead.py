@@ -21,6 +21,7 @@ import json
 import random
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -84,6 +85,14 @@ def client_step_ms(stamps: list[list[float]]) -> float:
     return 1000 * statistics.mean(gaps)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_step_ms(args: argparse.Namespace, in_process: bool) -> dict[str, float]:
     flags = ["--threads", str(args.threads), "--log-level", "warning"]
     if in_process:
@@ -91,9 +100,13 @@ def server_step_ms(args: argparse.Namespace, in_process: bool) -> dict[str, floa
     with LocalServer(args.model, flags) as srv:
         asyncio.run(_round(srv.url, _prompts(args.streams, args.prompt_len, 1), args.max_tokens))
         before = httpx.get(srv.url + "/cache/stats", timeout=60).json()["engine"]
+        assert srv.proc is not None
+        pids = {"api": srv.proc.pid, "engine": before["pid"]}
+        cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
         stamps = asyncio.run(
             _round(srv.url, _prompts(args.streams, args.prompt_len, 2), args.max_tokens)
         )
+        cpu1 = {k: _cpu_seconds(p) for k, p in pids.items()}
         after = httpx.get(srv.url + "/cache/stats", timeout=60).json()["engine"]
         step = client_step_ms(stamps)
         wall = max(s[-1] for s in stamps) - min(s[0] for s in stamps)
@@ -108,6 +121,14 @@ def server_step_ms(args: argparse.Namespace, in_process: bool) -> dict[str, floa
         * (after["step_seconds"] - before["step_seconds"])
         / max(1, after["steps"] - before["steps"]),
         "wall_s": wall,
+        # CPU time (user + sys, all threads) per engine step of the measured round: what each
+        # process costs whatever the machine's load (in-process mode: one process, both figures).
+        **{
+            f"{k}_process_cpu_ms_per_step": 1000
+            * (cpu1[k] - cpu0[k])
+            / max(1, after["steps"] - before["steps"])
+            for k in pids
+        },
     }
 
 
