@@ -119,6 +119,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except EngineStartError as exc:
         log.error("the engine could not start: %s", exc)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (the engine process is ended)
+        return 130
     try:
         name = model_name_for(args)
         app = create_app(engine, name, api_key=args.api_key)

@@ -213,10 +213,11 @@ class ProcessEngine(EngineClient):
             await asyncio.to_thread(proc.wait, timeout)
         except subprocess.TimeoutExpired:
             log.warning("the engine process did not stop within %.0f s; killing it", timeout)
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+        for task in (self._reader, self._poller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         self.close()
         self._fail_all("server shutting down")
 
