@@ -150,7 +150,7 @@ def test_startup_error_is_a_clear_message() -> None:
     engine = ProcessEngine(broken_factory)
     with pytest.raises(EngineStartError, match=r"FileNotFoundError: no model at /nowhere"):
         engine.launch()
-    assert engine.proc is not None and engine.proc.poll() == 1
+    assert engine.proc is not None and engine.proc.poll() is not None  # nothing left running
 
 
 PARENT = textwrap.dedent(
