@@ -4,10 +4,12 @@
     A tiny, seeded, randomly initialised HF checkpoint saved with `save_pretrained`
     (safetensors), for fast model/engine/server tests: built once per session and key (a few
     seconds, mostly importing transformers); `radixkv.model.load_model(path)` then takes ~0.3 s.
-    `arch` is one of "llama", "qwen2", "qwen3", "mistral". Shape: hidden 64, 2 layers, 4 query
-    heads, 2 KV heads (head_dim 16), intermediate 128, vocab 49152, max positions 1024; Mistral
-    has sliding_window=8 so short sequences already run past the window. Keyword overrides go to
-    the transformers config class (e.g. `tie_word_embeddings=True`, `num_hidden_layers=3`).
+    `arch` is one of "llama", "qwen2", "qwen3", "mistral", or a hybrid "gemma3", "qwen3_5",
+    "lfm2", "qwen3_next" (their layer mixes: HYBRID_TINY). Shape: hidden 64, 2 layers
+    (hybrids 3-4), 4 query heads, 2 KV heads (head_dim 16), intermediate 128, vocab 49152, max
+    positions 1024; Mistral has sliding_window=8 so short sequences already run past the
+    window. Keyword overrides go to the transformers config class (e.g.
+    `tie_word_embeddings=True`, `num_hidden_layers=3`).
     The directory also holds a WORKING tokenizer: the default model's converted SmolLM2 tokenizer
     (tokenizer.json, tokenizer_config.json with chat template, chat_template.jinja), so vocab ids
     match (eos = <|im_end|> = 2); producing it converts the embedded default model once into
@@ -30,7 +32,58 @@ from typing import Any
 import pytest
 import torch
 
-TINY_ARCHS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
+TINY_ARCHS: tuple[str, ...] = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3",
+    "qwen3_5",
+    "lfm2",
+    "qwen3_next",
+)
+# Hybrid tiny models: a few layers of each kind, windows/kernels short enough for short tests.
+HYBRID_TINY: dict[str, dict[str, Any]] = {
+    "gemma3": {
+        "num_hidden_layers": 4,
+        "layer_types": [
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+        ],
+        "sliding_window": 8,
+        "query_pre_attn_scalar": 16,
+    },
+    "qwen3_5": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+    },
+    "qwen3_next": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "mlp_only_layers": [2],
+    },
+    "lfm2": {
+        "num_hidden_layers": 3,
+        "layer_types": ["conv", "full_attention", "conv"],
+        "conv_L_cache": 3,
+        "norm_eps": 1e-5,
+    },
+}
 TOKENIZER_FILES: tuple[str, ...] = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -63,6 +116,10 @@ def _config_class(arch: str) -> Any:
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
+        "gemma3": transformers.Gemma3TextConfig,
+        "qwen3_5": transformers.Qwen3_5TextConfig,
+        "lfm2": transformers.Lfm2Config,
+        "qwen3_next": transformers.Qwen3NextConfig,
     }
     if arch not in classes:
         raise ValueError(f"unknown tiny arch {arch!r}; choose from {TINY_ARCHS}")
@@ -78,6 +135,9 @@ def build_tiny_checkpoint(
     kwargs = dict(_TINY_BASE)
     if arch == "mistral":
         kwargs["sliding_window"] = 8
+    kwargs.update(HYBRID_TINY.get(arch, {}))
+    if arch == "lfm2":  # LFM2 derives head_dim and names its eps `norm_eps`
+        del kwargs["head_dim"], kwargs["rms_norm_eps"]
     kwargs.update(overrides)
     config = _config_class(arch)(**kwargs)
     torch.manual_seed(seed)

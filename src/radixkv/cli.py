@@ -1,6 +1,6 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, serve, compare, report}.
+serve | demo | generate | chat | replay | bench {tree, engine, serve, compare, report, grammar}.
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -20,9 +20,11 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.replay", False),  # replay
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
+    ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare
     ("radixkv.bench.report", True),  # bench report
+    ("radixkv.bench.grammar", True),  # bench grammar
     ("radixkv.bench.peers", True),  # bench peers
 )
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from radixkv.bench.replay import (
+    POLICIES,
     default_capacities,
     make_factory,
     parse_tokens,
@@ -94,19 +95,20 @@ def test_hand_built_lru_replay() -> None:
     a, b, c, d, e, x = 10, 11, 12, 13, 14, 15
     trace = [req([a, b]), req([c, d]), req([a, b]), req([a, b, e]), req([a, x]), req([a, b])]
     res = replay(trace, make_factory("radix", 4, "lru"), 12, policy="lru", check_every=1)
-    # 1 [A B] miss (8 cached). 2 [C D] miss, 16 > 12: LRU leaf [A B] goes (8). 3 [A B] miss,
-    # [C D] goes. 4 [A B E] hits 8 (12 cached). 5 [A X] hits 4 and splits A|B; 16 > 12: the
-    # LRU leaf is [E] (used at 4; [X] at 5) → 4 evicted. 6 [A B] hits 8.
-    assert res.hit_tokens == 8 + 4 + 8
-    assert res.evicted_tokens == 8 + 8 + 4
-    assert res.hit_blocks == 2 + 1 + 2
+    # Page-granular: each overflow of 4 tokens frees one page, the tail of the LRU leaf.
+    # 1 [A B] miss (8 cached). 2 [C D] miss, 16 > 12: the LRU leaf [A B] loses B. 3 [A B] hits
+    # A; [C D] loses D. 4 [A B E] hits 8; [C] goes. 5 [A X] hits 4; the LRU leaf is [E] (used
+    # at 4, [X] at 5). 6 [A B] hits 8.
+    assert res.hit_tokens == 4 + 8 + 4 + 8
+    assert res.evicted_tokens == 4 * 4
+    assert res.hit_blocks == 1 + 2 + 1 + 2
     assert res.input_tokens == 8 + 8 + 8 + 12 + 8 + 8 and res.requests == 6
     assert res.final_size == 12 and res.peak_size == 16
-    assert res.token_hit_rate == pytest.approx(20 / 52)
+    assert res.token_hit_rate == pytest.approx(24 / 52)
     # The cache's own accounting agrees with the replay's.
     st = res.cache_stats
-    assert (st["matched_tokens"], st["requested_tokens"]) == (20, 52)
-    assert (st["evicted_tokens"], st["match_calls"], st["insert_calls"]) == (20, 6, 6)
+    assert (st["matched_tokens"], st["requested_tokens"]) == (24, 52)
+    assert (st["evicted_tokens"], st["match_calls"], st["insert_calls"]) == (16, 6, 6)
 
 
 def nested_workload(seed: int, sessions: int = 6, turns: int = 8) -> list[TraceRequest]:
@@ -240,3 +242,70 @@ def test_blockhash_command_defaults_to_lru(tmp_path: Path) -> None:
     assert [r["policy"] for r in rep["results"]] == ["lru"]
     # Each request extends the previous one: the ideal hits 512 * (0 + 1 + 2 + 3) tokens.
     assert rep["ideal"]["hit_tokens"] == 3072
+
+
+def test_belady_oracle_bounds_every_policy_and_all_runs_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--policy all`: every online policy plus the oracle, marked as such, never beaten; the
+    JSON carries every figure including the gap each policy closes."""
+    trace = nested_workload(seed=3, sessions=5, turns=8)
+    rep = replay_grid("t", trace, page_size=4, capacities=[16, 48], policies=POLICIES)
+    for cap in (16, 48):
+        runs = {r.policy: r for r in rep.results if r.capacity == cap}
+        assert set(runs) == set(POLICIES) and runs["belady"].oracle
+        best = runs["belady"].hit_tokens
+        assert all(r.hit_tokens <= best for r in runs.values())
+        assert best <= rep.ideal.hit_tokens
+        if best > runs["lru"].hit_tokens:
+            assert runs["lru"].gap_closed == 0.0
+    path = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": i, "input_length": 512 * len(r.hash_ids), "hash_ids": r.hash_ids.tolist()}
+        for i, r in enumerate(trace)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    out = tmp_path / "r.json"
+    args = parser.parse_args(
+        ["replay", str(path), "--policy", "all", "--capacity-tokens", "8k", "--json", str(out)]
+    )
+    assert args.func(args) == 0
+    assert "belady *" in capsys.readouterr().out
+    doc = json.loads(out.read_text())["traces"][0]["results"]
+    assert {r["policy"] for r in doc} == set(POLICIES)
+    assert [r["oracle"] for r in doc if r["policy"] == "belady"] == [True]
+    assert all("gap_closed" in r and "token_hit_rate" in r for r in doc)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_radix_keeps_at_least_what_blockhash_keeps(seed: int) -> None:
+    """Page-granular tail-first eviction: at every capacity the radix tree (lru) hits at least
+    as many tokens as the block-hash cache (lru) on nested conversations."""
+    trace = nested_workload(seed=seed, sessions=6, turns=10)
+    for cap in range(8, 400, 8):
+        radix = replay(trace, make_factory("radix", 4, "lru"), cap).hit_tokens
+        block = replay(trace, make_factory("blockhash", 4, "lru"), cap).hit_tokens
+        assert radix >= block, cap
+
+
+@pytest.mark.skipif(not MOONCAKE_CONV.exists(), reason="shared traces not present")
+def test_radix_keeps_at_least_what_blockhash_keeps_on_a_real_slice(tmp_path: Path) -> None:
+    head = tmp_path / "head.jsonl"
+    with MOONCAKE_CONV.open() as fh:
+        head.write_text("".join(next(fh) for _ in range(800)))
+    trace = load_mooncake(head)
+    for cap in (500_000, 1_000_000, 2_000_000):
+        radix = replay(trace, make_factory("radix", 512, "lru"), cap).hit_tokens
+        block = replay(trace, make_factory("blockhash", 512, "lru"), cap).hit_tokens
+        assert radix >= block, cap
+
+
+def test_session_aware_replay_closes_every_session() -> None:
+    trace = nested_workload(seed=2, sessions=4, turns=6)
+    for i, r in enumerate(trace):
+        r.session = f"s{r.hash_ids[1] % 4 if len(r.hash_ids) > 1 else 0}-{i // 12}"
+    res = replay(trace, make_factory("radix", 4, "session-lru"), 40, policy="session-lru")
+    assert res.sessions_closed == len({r.session for r in trace})
+    assert res.hit_tokens > 0

@@ -3,7 +3,8 @@
 Thousands of random operations with heavily shared prefixes (a 3-token vocabulary), page sizes
 1/4/16 and three namespaces. After every operation the cache must agree with the reference on
 every match length, every returned slot, every size, and every evicted set; for the radix tree,
-single-leaf evictions must also follow the policy order exactly.
+evictions are page-granular (exactly the whole pages needed, tail pages of the smallest-key
+leaf first) and follow the policy order page by page.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Driver:
         self.corpus: list[tuple[tuple[int, ...], Hashable | None]] = [((), None)]
         self.handles: list[tuple[Any, tuple[Hashable | None, tuple[int, ...]]]] = []
         self.next_slot = 0
-        self.check_order = isinstance(cache, RadixCache)
+        self.is_radix = isinstance(cache, RadixCache)
+        self.check_order = self.is_radix and policy in POLICY_KEYS
 
     def tokens(self) -> tuple[tuple[int, ...], Hashable | None]:
         """A query sharing a prefix with an earlier insert, usually in the same namespace (the
@@ -119,7 +121,12 @@ class Driver:
             assert ref.lock_count(key) == 0, f"evicted a locked prefix {key}"
         if num == 1 and pages:
             self.check_single_leaf(pages, candidates)
-        if not self.check_order:
+        if self.check_order:
+            self.check_page_order(pages, num)
+        elif self.is_radix:  # policies with their own queues: exact page count only
+            evictable = sum(1 for k in ref.entries if ref.lock_count(k) == 0)
+            assert len(pages) == min(-(-num // self.page), evictable)
+        else:
             self.check_free_queue_order(pages)
         for key in pages:
             del ref.entries[key]
@@ -144,6 +151,26 @@ class Driver:
             assert len(leaf_keys) == 1, "pages of one leaf disagree on their policy key"
             best = min(key_of(self.ref.entries[k]) for k in candidates)
             assert leaf_keys == {best}, f"evicted key {leaf_keys} but minimum was {best}"
+
+    def check_page_order(self, pages: list[Any], num: int) -> None:
+        """Page-granular radix eviction: exactly the whole pages needed (or all that is
+        evictable), and some order of them removes, one page at a time, an unlocked terminal
+        page whose policy key is the minimum over all unlocked terminal pages at that moment
+        (a leaf loses its tail pages first)."""
+        ref = self.ref
+        evictable = sum(1 for k in ref.entries if ref.lock_count(k) == 0)
+        assert len(pages) == min(-(-num // self.page), evictable), "not exactly what was needed"
+        key_of = POLICY_KEYS[self.policy]
+        left = set(pages)
+        entries = dict(ref.entries)
+        while left:
+            has_child = {(ns, p[: -self.page]) for ns, p in entries}
+            terminal = [k for k in entries if k not in has_child and self.ref.lock_count(k) == 0]
+            best = min(key_of(entries[k]) for k in terminal)
+            pick = [k for k in terminal if k in left and key_of(entries[k]) == best]
+            assert pick, f"evicted {sorted(left)[:2]} while a smaller key {best} was terminal"
+            left.discard(pick[0])
+            del entries[pick[0]]
 
     def check_free_queue_order(self, pages: list[Any]) -> None:
         """BlockHashCache evicts one block at a time, always the front of its free queue."""
@@ -183,6 +210,13 @@ def test_radix_matches_reference(page: int, policy: str) -> None:
         seed=page * 7 + len(policy),
         steps=1500,
     )
+
+
+@pytest.mark.parametrize("page", [1, 4])
+@pytest.mark.parametrize("policy", ["s3fifo", "predict", "session-lru"])
+def test_radix_online_policies_match_reference(page: int, policy: str) -> None:
+    """Policies that own their queue: same contents, sizes and page-exact evictions."""
+    run(RadixCache(page_size=page, policy=policy), page, policy, seed=page + 3, steps=1000)
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])

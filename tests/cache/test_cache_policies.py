@@ -22,11 +22,14 @@ def slots_for(toks: list[int], base: int) -> np.ndarray:
 
 
 def evict_order(cache: Any, slot_owner: dict[int, str]) -> list[str]:
-    """Evict one leaf at a time; name each by the owner of its first slot."""
-    order = []
+    """Evict one page at a time (a page-granular cache frees a leaf tail first); name each run
+    of evictions by the owner of its slots (slot bases are multiples of 100)."""
+    order: list[str] = []
     while cache.evictable_size:
         out = cache.evict(1)
-        order.append(slot_owner[int(out[0])])
+        name = slot_owner[int(out[0]) // 100 * 100]
+        if not order or order[-1] != name:
+            order.append(name)
     return order
 
 
@@ -80,7 +83,7 @@ def test_priority_is_never_lowered_by_a_later_insert() -> None:
     cache.insert(seq(10), slots_for(seq(10), 100), priority=5)
     cache.insert(seq(20), slots_for(seq(20), 200), priority=1)
     cache.insert(seq(10), slots_for(seq(10), 900), priority=0)  # same prefix, lower priority
-    assert cache.evict(1).tolist() == [200, 201, 202, 203]
+    assert cache.evict(4).tolist() == [200, 201, 202, 203]
 
 
 def test_peek_does_not_change_order_or_stats() -> None:
@@ -100,12 +103,12 @@ def test_trunk_survives_while_a_child_exists(policy: str, page: int) -> None:
     cache.insert(a, slots_for(a, 0))
     cache.insert(b, slots_for(b, 100))
     cache.match(TRUNK)  # the trunk alone is now the most recent / most hit
-    first = cache.evict(1)
+    first = cache.evict(16)
     assert len(first) == 16 and first[0] not in range(16)  # a child, never the trunk
     cache.check_integrity()
-    second = cache.evict(1)
+    second = cache.evict(16)
     assert len(second) == 16 and second[0] not in range(16)
-    assert cache.evict(1).tolist() == list(range(16))  # the trunk goes only after both
+    assert cache.evict(16).tolist() == list(range(16))  # the trunk goes only after both
     assert cache.total_size == 0
 
 
@@ -133,9 +136,26 @@ def test_locked_path_is_never_evicted(policy: str) -> None:
 def test_evict_stops_once_enough_is_freed() -> None:
     cache = RadixCache()
     build_three(cache)
-    assert len(cache.evict(5)) == 8  # two whole leaves of 4; not the third
-    assert cache.total_size == 4
+    # Page-granular: the oldest leaf whole, then only the tail page of the next one.
+    assert cache.evict(5).tolist() == [100, 101, 102, 103, 203]
+    assert cache.total_size == 7
     assert len(cache.evict(0)) == 0
+    cache.check_integrity()
+    assert cache.match(seq(20)).length == 3  # the trimmed head stays cached
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_trim_keeps_head_policy_fields_and_kills_the_tail_handle(page: int) -> None:
+    cache = RadixCache(page_size=page, policy="lfu")
+    toks = seq(10, 4 * page)
+    cache.insert(toks, slots_for(toks, 100))
+    res = cache.match(toks)
+    assert cache.evict(page).tolist() == list(range(100 + 3 * page, 100 + 4 * page))
+    with pytest.raises(ValueError):
+        cache.lock(res.handle)  # the handle's node lost its tail: it is stale
+    head = cache.match(toks, record=False)
+    assert head.length == 3 * page and head.handle.hits == 2
+    cache.check_integrity()
 
 
 def test_blockhash_lru_and_locks() -> None:
@@ -203,6 +223,6 @@ def test_evict_is_incremental_not_a_scan() -> None:
         cache.match(toks)
     CountingLRU.calls = 0
     for _ in range(100):
-        assert len(cache.evict(1)) == 6
+        assert len(cache.evict(6)) == 6
     assert CountingLRU.calls <= 100 * 2
     cache.check_integrity()

@@ -184,6 +184,18 @@ class RadixMachine(CacheMachine):
         self.page = page
         self.cache = RadixCache(page_size=page, policy=policy)
 
+    @rule(data=st.data(), session=st.sampled_from(["s1", "s2", "s3"]))
+    def hold_session(self, data: st.DataObject, session: str) -> None:
+        """A finished request of `session` references its path (never protecting it); the
+        integrity check recounts every node's session references."""
+        toks, ns = data.draw(st.sampled_from(self.seqs[::-1][:8]))
+        res = self.cache.match(toks, ns, record=False)
+        self.cache.hold_session(session, res.handle)
+
+    @rule(session=st.sampled_from(["s1", "s2", "s3"]))
+    def close_session(self, session: str) -> None:
+        self.cache.release_session(session)
+
 
 class BlockHashMachine(CacheMachine):
     @initialize(page=st.sampled_from([1, 2, 4, 16]))

@@ -167,7 +167,7 @@ def test_auth(model_dir: Path) -> None:
         ({"prompt": "hi", "max_tokens": 600}, 400, "max_tokens", None),  # prompt + output
         ({"prompt": "hi", "model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
-        ({"prompt": "hi", "n": 2}, 400, "n", None),
+        ({"prompt": "hi", "n": 17}, 400, "n", None),  # above --max-n (16)
         ({"prompt": "hi", "temperature": "0"}, 400, "temperature", "invalid_type"),
     ],
 )

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from radixkv.bench.replay_oracle import fill_gap_closed, hold_session, replay_belady, session_ends
 from radixkv.bench.trace_files import (
     DEFAULT_REPLAY_TRACE,
     NAMED_TRACES,
@@ -30,10 +31,12 @@ from radixkv.bench.trace_files import (
     resolve_trace,
 )
 from radixkv.bench.traces import DEFAULT_SESSION_GAP_S, TraceRequest, load_trace, trace_summary
+from radixkv.cache import available_policies
 from radixkv.cache.base import PrefixCache
 
 CacheFactory = Callable[[], PrefixCache]
-POLICIES = ("lru", "lfu", "fifo", "mru", "priority")
+ORACLES = ("belady",)  # offline optima: they know the future; marked in every table
+POLICIES = (*available_policies(), *ORACLES)
 DEFAULT_POLICIES = ("lru", "lfu", "fifo")
 # Default capacities, as fractions of the ideal run's footprint (tokens it ends up holding).
 DEFAULT_CAPACITY_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4)
@@ -59,6 +62,13 @@ class ReplayResult:
     wall_s: float = 0.0
     cache_stats: dict[str, int] = field(default_factory=dict)  # the cache's own accounting
 
+    sessions_closed: int = 0  # session-aware policies: sessions closed after their last request
+    gap_closed: float | None = None  # (this - lru) / (belady - lru) at the same capacity
+
+    @property
+    def oracle(self) -> bool:
+        return self.policy in ORACLES
+
     @property
     def token_hit_rate(self) -> float:
         return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
@@ -71,6 +81,7 @@ class ReplayResult:
         d = asdict(self)
         d["token_hit_rate"] = self.token_hit_rate
         d["block_hit_rate"] = self.block_hit_rate
+        d["oracle"] = self.oracle
         return d
 
 
@@ -101,6 +112,7 @@ def replay(
     """
     cache = cache_factory()
     res = ReplayResult(capacity, policy, type(cache).__name__, cache.page_size)
+    sessions = session_ends(requests) if policy.startswith("session-") else {}
     next_slot = 0
     start = time.perf_counter()
     desc = f"{policy or 'ideal'} cap={_fmt_tokens(capacity)}"
@@ -117,6 +129,8 @@ def replay(
         cache.insert(tokens, np.arange(next_slot, next_slot + n, dtype=np.int64))
         next_slot += n  # slot ids are never reused: each cached token owns a distinct one
         res.inserted_new_tokens += cache.total_size - before
+        if sessions:
+            res.sessions_closed += hold_session(cache, req, tokens, sessions.get(req.session) == i)
         res.peak_size = max(res.peak_size, cache.total_size)
         if capacity is not None and cache.total_size > capacity:
             res.evicted_tokens += len(cache.evict(cache.total_size - capacity))
@@ -139,7 +153,8 @@ def make_factory(kind: str, page_size: int, policy: str) -> CacheFactory:
 def check_combinations(kind: str, page_size: int, policies: Sequence[str]) -> None:
     """Raise ValueError, before any long run, if the cache rejects a (page size, policy)."""
     for pol in policies:
-        make_factory(kind, page_size, pol)()
+        if pol not in ORACLES:
+            make_factory(kind, page_size, pol)()
 
 
 def default_capacities(footprint: int, page_size: int) -> list[int]:
@@ -193,8 +208,12 @@ def replay_grid(
     caps = list(capacities) if capacities else default_capacities(ideal.final_size, page)
     for cap in sorted(caps):
         for pol in policies:
+            if pol == "belady":
+                report.results.append(replay_belady(requests, cap, page))
+                continue
             fac = make_factory(cache_kind, page, pol)
             report.results.append(replay(requests, fac, cap, policy=pol, progress=progress))
+    fill_gap_closed(report.results)
     return report
 
 
@@ -229,15 +248,19 @@ def format_table(report: TraceReport) -> str:
         f"block {s['block_size']}, cache {report.cache} page {report.page_size}, "
         f"ideal footprint {report.ideal.final_size:,} tokens"
     )
-    cols = f"{'capacity':>10} {'policy':>8} {'token hit':>10} {'block hit':>10} "
-    cols += f"{'evicted tokens':>15} {'wall s':>8}"
+    cols = f"{'capacity':>10} {'policy':>14} {'token hit':>10} {'block hit':>10} "
+    cols += f"{'gap closed':>11} {'evicted tokens':>15} {'wall s':>8}"
     lines = [head, cols, "-" * len(cols)]
     for r in [report.ideal, *report.results]:
+        name = (r.policy or "ideal") + (" *" if r.oracle else "")
+        gap = f"{r.gap_closed:>10.0%}" if r.gap_closed is not None else f"{'':>10}"
         lines.append(
-            f"{_fmt_tokens(r.capacity):>10} {r.policy or 'ideal':>8} "
-            f"{r.token_hit_rate:>9.2%} {r.block_hit_rate:>10.2%} "
+            f"{_fmt_tokens(r.capacity):>10} {name:>14} "
+            f"{r.token_hit_rate:>9.2%} {r.block_hit_rate:>10.2%} {gap:>11} "
             f"{r.evicted_tokens:>15,} {r.wall_s:>8.1f}"
         )
+    if any(r.oracle for r in report.results):
+        lines.append("* oracle (offline optimum: knows the future; not an online policy)")
     return "\n".join(lines)
 
 
@@ -273,10 +296,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--policy",
         nargs="+",
-        choices=POLICIES,
+        choices=(*POLICIES, "all"),
         metavar="POLICY",
-        help=f"eviction policies, of {', '.join(POLICIES)}; default: "
-        f"{' '.join(DEFAULT_POLICIES)} (radix), lru (blockhash supports only lru)",
+        help=f"eviction policies, of {', '.join(POLICIES)} (belady: the offline optimum, an "
+        f"oracle), or 'all'; default: {' '.join(DEFAULT_POLICIES)} (radix), lru (blockhash "
+        "supports only lru)",
     )
     p.add_argument(
         "--cache", choices=("radix", "blockhash"), default="radix", help="default: %(default)s"
@@ -337,6 +361,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"loaded {path}: {len(requests)} requests in {load_s:.1f} s", file=sys.stderr)
         page = args.page_size or (requests[0].block_size if requests else 1)
         policies = args.policy or (DEFAULT_POLICIES if args.cache == "radix" else ("lru",))
+        if "all" in policies:
+            policies = POLICIES if args.cache == "radix" else ("lru", *ORACLES)
         try:
             check_combinations(args.cache, page, policies)
         except ValueError as exc:  # e.g. a policy the chosen cache does not support

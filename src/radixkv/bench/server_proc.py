@@ -14,7 +14,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 # Server flags of each named configuration of `bench compare` (on top of --model/--host/--port).
 # Page sizes are explicit so a column's description says what granularity its cache shares at:
@@ -57,45 +60,38 @@ def healthy(url: str) -> bool:
         return False
 
 
-class LocalServer:
-    """`python -m radixkv serve` on a free loopback port; a context manager that waits for
-    /health on entry and always stops the process on exit (SIGTERM, then SIGKILL).
-
-    stdout/stderr go to `log_path` so a failed start can be diagnosed.
+class ServerProcess:
+    """A server subprocess on a free loopback port; a context manager that waits for /health on
+    entry and always stops the server's whole process group on exit (SIGTERM, then SIGKILL), so
+    worker processes it started go too. Subclasses say which `command` to run; `env` is added
+    to ours. stdout/stderr go to `log_path` so a failed start can be diagnosed.
     """
 
     def __init__(
         self,
-        model: str | None,
-        flags: tuple[str, ...] | list[str] = (),
         log_path: str | Path | None = None,
         startup_timeout: float = 600.0,
+        env: dict[str, str] | None = None,
     ) -> None:
-        self.model = model
-        self.flags = list(flags)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
 
     @property
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "radixkv", "serve", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port)]
-        if self.model:
-            cmd += ["--model", self.model]
-        return cmd + self.flags
+        raise NotImplementedError
 
-    def describe(self) -> dict[str, object]:
-        """The command line (with the thread settings in force), for reports."""
-        env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "RADIXKV_THREADS") if k in os.environ}
-        prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    def describe(self) -> dict[str, Any]:
+        """The command line with the environment variables we set, for reports."""
+        prefix = " ".join(f"{k}={v}" for k, v in self.env.items())
         cmd = shlex.join(["python", *self.command[1:]])
         return {
             "command": home_relative(f"{prefix} {cmd}".strip()),
-            "env": env,
+            "env": dict(self.env),
             "startup_s": self.startup_s,
         }
 
@@ -107,13 +103,16 @@ class LocalServer:
         t0 = time.perf_counter()
         try:
             self.proc = subprocess.Popen(
-                self.command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ)
+                self.command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,  # its own process group: stop() signals every worker
             )
         finally:
             if not isinstance(out, int):
                 out.close()  # the child holds its own copy of the descriptor
-        deadline = t0 + self.startup_timeout
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < t0 + self.startup_timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}; {self._log_tail()}")
             if healthy(self.url):
@@ -132,15 +131,17 @@ class LocalServer:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
 
-    def __enter__(self) -> LocalServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -151,3 +152,29 @@ class LocalServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class LocalServer(ServerProcess):
+    """`python -m radixkv serve` with `flags` (and `--model` unless None)."""
+
+    def __init__(
+        self,
+        model: str | None,
+        flags: tuple[str, ...] | list[str] = (),
+        log_path: str | Path | None = None,
+        startup_timeout: float = 600.0,
+    ) -> None:
+        threads = ("OMP_NUM_THREADS", "RADIXKV_THREADS")  # recorded: they change the result
+        super().__init__(
+            log_path, startup_timeout, {k: os.environ[k] for k in threads if k in os.environ}
+        )
+        self.model = model
+        self.flags = list(flags)
+
+    @property
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "radixkv", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port)]
+        if self.model:
+            cmd += ["--model", self.model]
+        return cmd + self.flags

@@ -90,6 +90,9 @@ def check_radix(cache: RadixCache) -> None:
     if total != cache.total_size:
         _fail(f"total_size {cache.total_size} but the tree holds {total} slots")
     _check_leaf_queue(cache)
+    from radixkv.cache.sessions import check_sessions
+
+    check_sessions(cache, cache.iter_nodes())
     tracked = {id(n) for n in cache._leaves.tracked()}
     if tracked != leaves:
         _fail(
@@ -99,22 +102,11 @@ def check_radix(cache: RadixCache) -> None:
 
 
 def _check_leaf_queue(cache: RadixCache) -> None:
-    """Heap order holds, and every live entry's key is the node's true key (a lower bound of it
-    for monotone policies, whose entries are re-keyed lazily)."""
-    heap = cache._leaves._heap
-    for i in range(1, len(heap)):
-        if heap[(i - 1) // 2][:3] > heap[i][:3]:
-            _fail(f"leaf heap order broken at entry {i}")
-    policy = cache.policy
-    for entry in heap:
-        node = entry[3]
-        if node.entry is not entry:
-            continue
-        true_key = policy.key(node)
-        if (entry[0], entry[1]) > true_key or (
-            not policy.monotone and (entry[0], entry[1]) != true_key
-        ):
-            _fail(f"leaf entry key {entry[:2]} is not a valid bound of the node's {true_key}")
+    """The leaf queue's own order checks (heap order, keys valid for the policy)."""
+    try:
+        cache._leaves.check(cache.policy)
+    except AssertionError as exc:
+        _fail(str(exc))
 
 
 def check_blockhash(cache: BlockHashCache) -> None:

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from radixkv.cache.policy import EvictionPolicy, PolicyNode
 
-# (primary key, secondary key, insertion sequence number, node); the unique sequence number
-# keeps tuple comparison from ever reaching the node.
-Entry = tuple[int, int, int, Any]
+# (policy key, insertion sequence number, node); the unique sequence number keeps tuple
+# comparison from ever reaching the node.
+Entry = tuple[tuple[int, ...], int, Any]
 
 
 class TrackedNode(PolicyNode, Protocol):
@@ -51,8 +51,7 @@ class LeafQueue:
 
     def push(self, node: TrackedNode) -> None:
         """Start tracking `node` (must not be tracked already)."""
-        k0, k1 = self._key(node)
-        entry = (k0, k1, next(self._counter), node)
+        entry = (self._key(node), next(self._counter), node)
         node.entry = entry
         heapq.heappush(self._heap, entry)
         self.live += 1
@@ -77,14 +76,14 @@ class LeafQueue:
         key = self._key
         while heap:
             entry = heapq.heappop(heap)
-            node = entry[3]
+            node = entry[2]
             if node.entry is not entry:
                 self.stale -= 1
                 continue
             if self._monotone:
-                k0, k1 = key(node)
-                if k0 != entry[0] or k1 != entry[1]:
-                    fresh = (k0, k1, next(self._counter), node)
+                k = key(node)
+                if k != entry[0]:
+                    fresh = (k, next(self._counter), node)
                     node.entry = fresh
                     heapq.heappush(heap, fresh)
                     continue
@@ -100,7 +99,7 @@ class LeafQueue:
 
     def tracked(self) -> list[Any]:
         """Every tracked node (for integrity checks); raises if the counters disagree."""
-        live = [e[3] for e in self._heap if e[3].entry is e]
+        live = [e[2] for e in self._heap if e[2].entry is e]
         if len(live) != self.live or len(self._heap) - len(live) != self.stale:
             raise AssertionError(
                 f"leaf queue counters wrong: live={self.live} stale={self.stale} but heap has "
@@ -110,7 +109,24 @@ class LeafQueue:
             raise AssertionError("leaf queue tracks a node twice")
         return live
 
+    def check(self, policy: EvictionPolicy) -> None:
+        """Heap order holds, and every live entry's key is the node's true key (a lower bound of
+        it for monotone policies, whose entries are re-keyed lazily)."""
+        heap = self._heap
+        for i in range(1, len(heap)):
+            if heap[(i - 1) // 2][:2] > heap[i][:2]:
+                raise AssertionError(f"leaf heap order broken at entry {i}")
+        for entry in heap:
+            node = entry[2]
+            if node.entry is not entry:
+                continue
+            true_key = policy.key(node)
+            if entry[0] > true_key or (not policy.monotone and entry[0] != true_key):
+                raise AssertionError(
+                    f"leaf entry key {entry[0]} is not a valid bound of the node's {true_key}"
+                )
+
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[3].entry is e]
+        self._heap = [e for e in self._heap if e[2].entry is e]
         heapq.heapify(self._heap)
         self.stale = 0

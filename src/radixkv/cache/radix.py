@@ -31,6 +31,7 @@ from radixkv.cache.keys import (
 from radixkv.cache.leafqueue import LeafQueue
 from radixkv.cache.policy import EvictionPolicy, make_policy
 from radixkv.cache.radix_node import Node, Root, common_pages
+from radixkv.cache.sessions import SessionTable, move_anchors
 
 
 def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
@@ -66,11 +67,13 @@ class RadixCache:
         self.policy = make_policy(policy)
         self._page_bytes = page_size * TOKEN_BYTES
         self._roots: dict[Hashable | None, Root] = {}
-        self._leaves = LeafQueue(self.policy)
+        self._leaves: LeafQueue = self.policy.make_queue()
+        self._sessions = SessionTable()
         self._clock = 0
         self._evictable = 0
         self._protected = 0
         self._stats = StatsLedger()
+        self.policy.bind(self)
 
     # ---------------------------------------------------------------- lookup
 
@@ -102,6 +105,7 @@ class RadixCache:
         if record:
             self._clock += 1
             clock = self._clock
+            self.policy.on_match(path, clock)
             for node in path:
                 node.last_access = clock
                 node.hits += 1
@@ -148,6 +152,10 @@ class RadixCache:
         upper.last_access = child.last_access
         upper.hits = child.hits
         upper.priority = child.priority
+        upper.sref = child.sref  # every session reference through `child` passes `upper`
+        upper.depth = child.depth
+        upper.gap = child.gap
+        child.depth += ntok
         parent.children[child.key[: self._page_bytes]] = upper
         child.key = child.key[at:]
         child.slots = lower_slots
@@ -199,6 +207,7 @@ class RadixCache:
             start_tok, end_tok = pos // TOKEN_BYTES, end // TOKEN_BYTES
             leaf = Node(q[pos:end], frozen_copy(s[start_tok:end_tok]), parent, clock)
             leaf.priority = priority
+            self.policy.on_insert(leaf)
             if parent.entry is not None:
                 self._leaves.invalidate(parent)
             parent.children[q[pos : pos + self._page_bytes]] = leaf
@@ -252,23 +261,34 @@ class RadixCache:
     # ---------------------------------------------------------------- eviction
 
     def evict(self, num_tokens: int) -> SlotArray:
-        """Free whole unlocked leaves in policy order until at least `num_tokens` tokens are
-        freed or nothing is evictable; a parent becomes a candidate when its last child goes.
-        Returns the freed slots (the caller frees them). O(log n) per evicted leaf."""
+        """Free unlocked cached pages, leaf by leaf in policy order, until at least `num_tokens`
+        tokens are freed or nothing is evictable; a parent becomes a candidate when its last
+        child goes. Page-granular: when the chosen leaf holds more whole pages than are still
+        needed, only its tail pages go (the leaf is split and its head stays cached, keeping
+        its policy fields). Returns the freed slots (the caller frees them). O(log n) per
+        evicted leaf."""
         freed: list[SlotArray] = []
         count = 0
         leaves = self._leaves
         pb = self._page_bytes
+        page = self.page_size
+        policy = self.policy
         while count < num_tokens:
             node = leaves.pop()
             if node is None:
                 break
+            need = -(-(num_tokens - count) // page) * page  # whole pages still needed
+            if need < node.ntok:
+                node = self._trim(node, node.ntok - need)
             parent = node.parent
             del parent.children[node.key[:pb]]
             node.parent = None
             node.alive = False
             freed.append(node.slots)
             count += node.ntok
+            if node.anchors:  # its session references now end at the parent
+                move_anchors(node, parent)
+            policy.on_evict(node)
             if parent.children:
                 continue
             if parent.parent is not None:
@@ -279,6 +299,31 @@ class RadixCache:
         self._evictable -= count
         self._stats.evicted_tokens += count
         return concat_slots(freed)
+
+    def _trim(self, leaf: Node, keep: int) -> Node:
+        """Split an unlocked, untracked leaf after its first `keep` tokens (whole pages) and
+        return the tail, the original node, for eviction (so a stale handle to it dies). The
+        head is a new node with the leaf's policy fields; `evict` tracks it as a leaf once the
+        tail is gone, like any parent whose last child went."""
+        self._split(leaf, keep * TOKEN_BYTES)
+        return leaf
+
+    # ---------------------------------------------------------------- sessions
+
+    def hold_session(self, session: Hashable, handle: Any) -> None:
+        """Session `session` now references the handle's path (replacing its previous one):
+        session-aware policies evict unreferenced nodes first, then less referenced ones. A
+        reference never protects anything; `None` just drops the previous reference."""
+        node = self._live(handle) if handle is not None else None
+        self._sessions.hold(self, session, node)
+
+    def release_session(self, session: Hashable) -> bool:
+        """Drop the session's reference (on close); False if it held none."""
+        return self._sessions.release(self, session)
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
 
     # ---------------------------------------------------------------- sizes, stats, reset
 
@@ -329,6 +374,7 @@ class RadixCache:
             parts.append(node.slots)
         self._roots.clear()
         self._leaves.clear()
+        self._sessions.clear()
         self._evictable = 0
         self._protected = 0
         return concat_slots(parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES
@@ -37,9 +38,12 @@ class Node:
 
     __slots__ = (
         "alive",
+        "anchors",
         "children",
         "created",
+        "depth",
         "entry",
+        "gap",
         "hits",
         "key",
         "last_access",
@@ -48,6 +52,7 @@ class Node:
         "parent",
         "priority",
         "slots",
+        "sref",
     )
 
     def __init__(self, key: bytes, slots: SlotArray, parent: Node | None, clock: int) -> None:
@@ -63,6 +68,14 @@ class Node:
         self.priority = 0
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
+        # Tokens above this edge (0 for a root's children): "head blocks are worth more".
+        self.depth: int = parent.depth + parent.ntok if parent is not None else 0
+        # Session references through this node (counted along the path, like `lock`, but they
+        # never protect: session-aware policies only evict referenced nodes later), and the
+        # session references whose deepest node this is (None when there are none).
+        self.sref = 0
+        self.gap = 0  # policy-owned: e.g. ticks between this node's last two uses
+        self.anchors: list[Any] | None = None
 
 
 class Root(Node):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from radixkv.cache.policy import available_policies
 from radixkv.engine.types import EngineConfig
 
 _D = EngineConfig()
@@ -18,8 +19,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument(
         "--eviction-policy",
         default=_D.eviction_policy,
-        choices=["lru", "lfu", "fifo", "mru", "priority"],
-        help="order in which unlocked cached prefixes are evicted",
+        choices=available_policies(),
+        help="order in which unlocked cached prefixes are evicted (session-*: requests with a "
+        "session_id keep their prefix ahead of the base policy until the session closes)",
     )
     g.add_argument(
         "--schedule-policy",
@@ -58,6 +60,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default=_D.device, help="auto | cpu | cuda[:N]")
     g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
     g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
+    g.add_argument(
+        "--regret-window",
+        type=int,
+        default=_D.regret_window,
+        help="recent requests over which the live hit rate is compared with Belady's (0: off)",
+    )
+    g.add_argument(
+        "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
+    )
     return parser
 
 
@@ -79,4 +90,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_mb * 2**20),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        regret_window=args.regret_window,
+        max_n=args.max_n,
     )

@@ -11,13 +11,13 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.engine import introspect, setup
+from radixkv.cache.regret import RegretWindow
+from radixkv.engine import choices, introspect, setup
 from radixkv.engine.kv_manager import KVManager
+from radixkv.engine.logits import next_tokens
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
-from radixkv.engine.sampler import make_generator, sample
 from radixkv.engine.scheduler import Scheduler
-from radixkv.engine.stop import TextStream
 from radixkv.engine.types import (
     EngineConfig,
     EngineMetrics,
@@ -77,8 +77,15 @@ class Engine:
         self.cache = setup.make_prefix_cache(cfg)
         self.kv = KVManager(self.allocator, self.table, self.cache)
         self.scheduler = Scheduler(cfg, self.kv)
+        if self.cache is not None and cfg.regret_window > 0:
+            self.scheduler.regret = RegretWindow(
+                cfg.page_size, self.allocator.num_slots, max_requests=cfg.regret_window
+            )
         self.runner = ModelRunner(self.lm.model, self.pool, self.table)
-        self._requests: dict[str, Request] = {}
+        # request id → its choices (index order); n == 1 requests have one.
+        self._requests: dict[str, list[Request]] = {}
+        self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use
+        self._forked_total = 0
         self._pending: list[StreamDelta] = []
         self._ids = itertools.count()
         self._seeds = random.Random(cfg.seed)
@@ -105,23 +112,23 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in use", param="request_id")
-        gen = None
-        if not sampling.greedy:
-            seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
-            gen = make_generator(seed)
-        req = Request(
-            request_id=rid,
-            prompt_ids=ids,
-            sampling=sampling,
-            options=options,
-            stream=TextStream(self.tokenizer.make_decoder(), sampling.stop),
-            generator=gen,
-        )
-        self._requests[rid] = req
-        self.scheduler.add(req)
+        seed = sampling.seed
+        if seed is None:  # drawn only for sampled requests, as before n > 1 existed
+            seed = 0 if sampling.greedy else self._seeds.getrandbits(63)
+        group = choices.make_group(self, rid, ids, sampling, options, seed)
+        self._requests[rid] = group
+        self.scheduler.add(group[0])
         return rid
 
+    @property
+    def grammar(self) -> Any:
+        """The structured-output compiler (llguidance), built on the first json_schema request."""
+        if self._grammar is None:
+            self._grammar = choices.make_grammar(self)
+        return self._grammar
+
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
+        choices.validate(sampling, self.config.max_n, self.vocab_size)
         ids = [int(t) for t in ids]
         if not ids:
             raise RequestError("the prompt is empty", param="prompt")
@@ -151,11 +158,13 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its last delta (next step()) has finish_reason='abort'."""
-        req = self._requests.get(request_id)
-        if req is None or req.finished:
+        group = self._requests.get(request_id)
+        if group is None:
             return False
-        self.scheduler.remove(req)
-        self._pending.append(self._finish(req, "abort", []))
+        for req in group:
+            if not req.finished:
+                self.scheduler.remove(req)  # a choice not forked yet holds nothing
+                self._pending.append(self._finish(req, "abort", []))
         return True
 
     # -- stepping ------------------------------------------------------------------------------
@@ -171,18 +180,26 @@ class Engine:
             return deltas
         logits = self.runner.forward(sched)
         self.scheduler.after_forward(sched)
-        ready = [i for i, r in enumerate(sched.reqs) if r.pending == 0]
-        if ready:
-            reqs = [sched.reqs[i] for i in ready]
-            tokens = sample(logits[ready], [r.sampling for r in reqs], [r.generator for r in reqs])
+        rows = [i for i, r in enumerate(sched.reqs) if r.pending == 0]
+        reqs = [sched.reqs[i] for i in rows]
+        for i, parent in zip(list(rows), list(reqs), strict=True):
+            if parent.forks:  # its prompt is computed: the other choices fork from it now
+                forked = choices.fork_all(self, parent)
+                self._forked_total += len(forked)
+                rows += [i] * len(forked)  # they sample from the parent's last logits row
+                reqs += forked
+        if rows:
+            tokens, lps = next_tokens(logits[rows], reqs)
             now = time.perf_counter()
-            for req, tok in zip(reqs, tokens, strict=True):
-                deltas.append(self._on_token(req, tok, now))
+            for req, tok, lp in zip(reqs, tokens, lps, strict=True):
+                deltas.append(self._on_token(req, tok, lp, now))
         self._maybe_log()
         return deltas
 
-    def _on_token(self, req: Request, tok: int, now: float) -> StreamDelta:
+    def _on_token(self, req: Request, tok: int, lp: Any, now: float) -> StreamDelta:
         req.tokens.append(tok)
+        if req.logprobs is not None:
+            req.logprobs.append(lp)
         self._generated_total += 1
         if req.first_token_time is None:
             req.first_token_time = now
@@ -190,7 +207,7 @@ class Engine:
         reason: FinishReason | None = None
         if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in self.eos_token_ids):
             reason = "stop"  # the stop token's text is not part of the output
-        elif req.stream.push(tok):
+        elif req.stream.push(tok) or (req.matcher is not None and req.matcher.done):
             reason = "stop"
         if reason is None and req.num_output >= sp.max_tokens:
             reason = "length"
@@ -207,22 +224,35 @@ class Engine:
         req.finish_reason = reason
         req.finish_time = time.perf_counter()
         req.sent_tokens = req.num_output
-        self._requests.pop(req.request_id, None)
-        self._finished_total += 1
-        return self._delta(req, new_ids, req.stream.take(final=True), reason)
+        group = self._requests.get(req.request_id, [])
+        last = all(c.finished for c in group)
+        if last:
+            self._requests.pop(req.request_id, None)
+            self._finished_total += 1
+        return self._delta(req, new_ids, req.stream.take(final=True), reason, last)
 
     def _delta(
-        self, req: Request, ids: list[int], text: str, reason: FinishReason | None = None
+        self,
+        req: Request,
+        ids: list[int],
+        text: str,
+        reason: FinishReason | None = None,
+        last: bool = False,
     ) -> StreamDelta:
+        lps = None
+        if req.logprobs is not None:
+            lps = req.logprobs[len(req.logprobs) - len(ids) :] if ids else []
         return StreamDelta(
             request_id=req.request_id,
             new_token_ids=ids,
             new_text=text,
-            finished=reason is not None,
+            finished=last,
             finish_reason=reason,
             prompt_tokens=req.num_prompt,
             cached_tokens=req.cached_tokens,
             completion_tokens=req.num_output,
+            index=req.index,
+            logprobs=lps,
         )
 
     # -- blocking helpers ----------------------------------------------------------------------
@@ -235,10 +265,10 @@ class Engine:
         """Run prompts to completion (batched with anything already queued)."""
         batch = setup.normalize_prompts(prompts)
         params = setup.normalize_sampling(sampling, len(batch))
-        reqs: list[Request] = []
+        reqs: list[Request] = []  # every choice of every prompt, in order
         try:
             for p, sp in zip(batch, params, strict=True):
-                reqs.append(self._requests[self.add_request(p, sp, options=options)])
+                reqs.extend(self._requests[self.add_request(p, sp, options=options)])
         except RequestError:
             for r in reqs:
                 self.abort(r.request_id)
@@ -293,7 +323,35 @@ class Engine:
             generated_tokens_total=self._generated_total,
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
+            prefill_tokens_total=s.prefill_tokens_total,
+            forked_choices_total=self._forked_total,
+            **self._window_fields(),
         )
+
+    def _window_fields(self) -> dict[str, Any]:
+        r = self.scheduler.regret
+        if r is None:
+            return {}
+        last = r.last
+        return {
+            "window_requests": last.requests,
+            "window_hit_rate": last.live_hit_rate,
+            "window_belady_hit_rate": last.belady_hit_rate,
+        }
+
+    def regret_stats(self) -> dict[str, Any]:
+        """Recompute the live-regret report now (Belady over the recent window at the pool's
+        capacity) and return it as plain data; `enabled` False when there is no window."""
+        r = self.scheduler.regret
+        if r is None:
+            return {"enabled": False}
+        rep = r.compute()
+        return {"enabled": True, **dataclasses.asdict(rep), "regret": rep.regret}
+
+    def close_session(self, session_id: str) -> bool:
+        """Drop the session's references on the cache (session-aware eviction); False if it
+        held none."""
+        return self.kv.close_session(session_id)
 
     def dashboard_state(self, key: bytes = b"", limit: int = 50) -> dict[str, Any]:
         """Pool census, hit counters and running/waiting requests for the dashboard (plain data;

@@ -85,6 +85,34 @@ class KVManager:
         req.own_pages.extend(pages)
         return True
 
+    def fork(self, parent: Request, child: Request) -> tuple[np.ndarray, np.ndarray] | None:
+        """Give `child` the parent's computed context [0, parent.kv_len) without recomputing it.
+
+        The cache-owned prefix [0, prefix_len) is shared: the child locks the parent's handle
+        again (reference counted) and reads the same slots. The parent's own computed positions
+        [prefix_len, kv_len) (the partial tail page; everything when the cache is off) get fresh
+        pages of the child's own. Returns (src, dst) slots whose K/V the caller copies, or None
+        (nothing changed) when no row or pages are free.
+        """
+        if self.table.free_rows == 0:
+            return None
+        ps = self.page_size
+        pre, kv_len = parent.prefix_len, parent.kv_len
+        pages = self.alloc(self.allocator.pages_for(kv_len + 1) - pre // ps)
+        if pages is None:
+            return None
+        if parent.handle is not None and self.cache is not None:
+            self.cache.lock(parent.handle)
+        row = self.table.alloc_row()
+        self.table.write(row, 0, self.table.get_numpy(parent.row, 0, pre))
+        self.table.write(row, pre, self.allocator.page_slots(pages))
+        child.row, child.prefix_len, child.kv_len = row, pre, kv_len
+        child.handle, child.own_pages = parent.handle, pages
+        return (
+            self.table.get_numpy(parent.row, pre, kv_len),
+            self.table.get_numpy(row, pre, kv_len),
+        )
+
     # -- handing computed KV to the cache -----------------------------------------------------
     def _insert(self, req: Request, aligned: int) -> int:
         """Insert tokens[:aligned] with their slots; free our duplicate pages; return how many
@@ -139,11 +167,28 @@ class KVManager:
             aligned = req.kv_len // self.page_size * self.page_size
             if aligned > req.prefix_len:
                 handed = self._insert(req, aligned)
+            self._hold_session(req, aligned)
         if handed < len(req.own_pages):
             self.allocator.free_page_ids(req.own_pages[handed:])
         self.unlock(req)
         self.table.free_row(req.row)
         req.row, req.kv_len, req.prefix_len, req.own_pages = -1, 0, 0, []
+
+    def _hold_session(self, req: Request, aligned: int) -> None:
+        """A request with a session_id leaves a session reference on the prefix it cached
+        (session-aware eviction keeps it ahead of unreferenced prefixes until the close)."""
+        sid = req.options.session_id
+        hold = getattr(self.cache, "hold_session", None)
+        if sid is None or hold is None or aligned <= 0:
+            return
+        assert self.cache is not None
+        m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
+        hold(sid, m.handle)
+
+    def close_session(self, session_id: str) -> bool:
+        """Drop the session's reference; False if the cache holds none for it."""
+        release = getattr(self.cache, "release_session", None)
+        return bool(release(session_id)) if release is not None else False
 
     # -- whole-pool operations ----------------------------------------------------------------
     def flush(self, idle: bool) -> None:

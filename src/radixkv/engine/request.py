@@ -11,7 +11,13 @@ from typing import Any
 import torch
 
 from radixkv.engine.stop import TextStream
-from radixkv.engine.types import FinishReason, RequestOptions, RequestOutput, SamplingParams
+from radixkv.engine.types import (
+    FinishReason,
+    RequestOptions,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprobs,
+)
 
 
 class Status(enum.Enum):
@@ -56,6 +62,12 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     sent_tokens: int = 0  # output tokens already reported in a StreamDelta
+    # n > 1: every choice shares `request_id`; choice 0 is prefilled and the others wait in its
+    # `forks` (outside the scheduler) until its prompt is computed, then fork from its KV.
+    index: int = 0
+    forks: list[Request] = field(default_factory=list)
+    matcher: Any = None  # grammar state (radixkv.engine.grammar.Matcher) for json_schema
+    logprobs: list[TokenLogprobs] | None = None  # per output token, when requested
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -104,4 +116,6 @@ class Request:
             ttft_s=ttft,
             latency_s=latency,
             error=self.error,
+            index=self.index,
+            logprobs=self.logprobs,
         )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radixkv.cache.regret import RegretWindow
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.types import EngineConfig
@@ -67,6 +68,10 @@ class Scheduler:
         # Totals over first admissions (retraction readmits are not double counted).
         self.prompt_tokens_total = 0
         self.cached_prompt_tokens_total = 0
+        # Live regret (set by the engine): first admissions are recorded as page keys.
+        self.regret: RegretWindow | None = None
+        # Prompt positions the model computed (a forked choice computes none of its prompt).
+        self.prefill_tokens_total = 0
 
     # -- queues --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -108,9 +113,22 @@ class Scheduler:
         """Advance kv_len; hand finished prefill pages to the cache (moving the lock)."""
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
             was_prefill = req.pending > 1
+            self.prefill_tokens_total += max(0, min(req.kv_len + n, req.num_prompt) - req.kv_len)
             req.kv_len += n
             if was_prefill:
                 self.kv.commit_prefix(req)
+
+    def adopt(self, req: Request) -> None:
+        """Run a choice forked from a running request (its memory is already bound)."""
+        req.status = Status.RUNNING
+        req.admitted_once = True
+        req.admit_seq = self._admit_seq
+        self._admit_seq += 1
+        self.running.append(req)
+
+    @property
+    def has_free_row(self) -> bool:
+        return len(self.running) < self.config.max_running_requests
 
     # -- memory pressure -----------------------------------------------------------------------
     def _grow_decodes(self) -> None:
@@ -214,4 +232,7 @@ class Scheduler:
             req.cached_tokens = prefix_len
             self.prompt_tokens_total += req.num_prompt
             self.cached_prompt_tokens_total += prefix_len
+            if self.regret is not None:
+                query = req.tokens[: len(req.tokens) - 1]  # what match_and_lock asked for
+                self.regret.record(query, req.namespace, req.num_prompt, prefix_len)
         return True

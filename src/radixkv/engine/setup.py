@@ -35,6 +35,8 @@ def validate_config(cfg: EngineConfig) -> None:
         raise ValueError("chunked_prefill_size must be >= 1")
     if cfg.max_running_requests < 1 or cfg.max_queued_requests < 0:
         raise ValueError("max_running_requests must be >= 1, max_queued_requests >= 0")
+    if cfg.max_n < 1:
+        raise ValueError("max_n must be >= 1")
     if cfg.num_slots is not None and cfg.num_slots < cfg.page_size:
         raise ValueError("num_slots must hold at least one page")
 

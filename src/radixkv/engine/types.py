@@ -6,11 +6,12 @@ The Engine (radixkv.engine.engine.Engine) contract, which the server and benchma
     engine.tokenizer                      # radixkv.model.tokenizer.Tokenizer
     engine.config                         # the EngineConfig in force
     engine.generate(prompts, sampling)    # str | list[int] | list[str] | list[list[int]]
-                                          #   → list[RequestOutput] (blocking, batched)
+                                          #   → list[RequestOutput] (blocking, batched; with
+                                          #   n > 1, every choice of each prompt, in order)
     engine.stream(prompt, sampling)       # → Iterator[StreamDelta] (blocking, one request)
     engine.add_request(prompt_ids, sampling, request_id=None, options=RequestOptions())
                                           #   → request_id; raises RequestError on bad input
-    engine.step()                         # one scheduler step → list[StreamDelta] (one per request
+    engine.step()                         # one scheduler step → list[StreamDelta] (one per choice
                                           #   that produced tokens or finished this step)
     engine.has_unfinished()               # → bool
     engine.abort(request_id)              # frees/unlocks what the request held; its last delta
@@ -30,6 +31,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+MAX_LOGPROBS = 20  # top alternatives per position (OpenAI's chat cap)
+# One token's log-probabilities: (sampled token's logprob, [(token id, logprob)] best first).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 class RequestError(ValueError):
@@ -59,10 +63,33 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Parallel sampling: n choices forked from one prefill of the prompt (engine caps it).
+    n: int = 1
+    # Log-probabilities of the raw logits (f32 log-softmax before temperature, penalties, bias
+    # and grammar): None → none; k >= 0 → the sampled token's plus the top k per position.
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    presence_penalty: float = 0.0  # OpenAI: minus this once for any token already generated
+    frequency_penalty: float = 0.0  # OpenAI: minus this per earlier occurrence in the output
+    repetition_penalty: float = 1.0  # HF/vLLM: >1 discourages prompt+output tokens
+    # Structured output: a JSON Schema as JSON text (plain data: the engine compiles it).
+    json_schema: str | None = None
 
     def validate(self) -> None:
         if self.max_tokens < 1:
             raise RequestError("max_tokens must be >= 1", param="max_tokens")
+        if self.n < 1:
+            raise RequestError("n must be >= 1", param="n")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}]", param="logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise RequestError(f"{name} must be in [-2, 2]", param=name)
+        if self.repetition_penalty <= 0:
+            raise RequestError("repetition_penalty must be > 0", param="repetition_penalty")
+        for _, bias in self.logit_bias:
+            if not -100.0 <= bias <= 100.0:
+                raise RequestError("logit_bias values must be in [-100, 100]", param="logit_bias")
         if self.temperature < 0:
             raise RequestError("temperature must be >= 0", param="temperature")
         if not 0 < self.top_p <= 1:
@@ -73,6 +100,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def processed(self) -> bool:
+        """True when the logits are changed before sampling (penalties, bias, grammar)."""
+        return bool(
+            self.logit_bias
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.json_schema is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -90,7 +128,12 @@ class RequestOptions:
 
 @dataclass
 class StreamDelta:
-    """What one request produced in one step (new tokens and text), or its finish."""
+    """What one choice of a request produced in one step (new tokens and text), or its finish.
+
+    A request with n choices reports each choice under the same `request_id` with its `index`.
+    `finish_reason` set ⇒ that choice is done; `finished` ⇒ the whole request is done (set on
+    exactly one delta per request, the last one). With n == 1 the two coincide.
+    """
 
     request_id: str
     new_token_ids: list[int]
@@ -100,7 +143,9 @@ class StreamDelta:
     error: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    completion_tokens: int = 0  # total so far
+    completion_tokens: int = 0  # this choice's total so far
+    index: int = 0  # the choice
+    logprobs: list[TokenLogprobs] | None = None  # one per new token, when requested
 
 
 @dataclass
@@ -115,6 +160,8 @@ class RequestOutput:
     ttft_s: float | None = None  # time from arrival to the first output token
     latency_s: float | None = None
     error: str | None = None
+    index: int = 0  # the choice (generate() returns every choice of an n > 1 request)
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +177,14 @@ class EngineMetrics:
     generated_tokens_total: int
     num_preemptions: int
     finished_requests: int
+    # Live regret over the recent window (see radixkv.cache.regret): the cache's token hit rate
+    # and Belady's at the same capacity, from the last periodic computation.
+    window_requests: int = 0
+    window_hit_rate: float = 0.0
+    window_belady_hit_rate: float = 0.0
+    # Prompt positions whose K/V the model computed (not served by the cache nor by a fork).
+    prefill_tokens_total: int = 0
+    forked_choices_total: int = 0  # choices of n > 1 requests that forked from a prefill
 
     @property
     def token_hit_rate(self) -> float:
@@ -152,7 +207,7 @@ class EngineConfig:
     device: str = "auto"  # auto → cuda if torch sees a GPU, else cpu
     dtype: str = "auto"  # auto → float32 on cpu, bfloat16 on cuda
     page_size: int = 1
-    eviction_policy: str = "lru"  # lru | lfu | fifo | mru | priority
+    eviction_policy: str = "lru"  # any of radixkv.cache.available_policies()
     schedule_policy: str = "lpm"  # lpm (longest cached prefix first) | fcfs
     cache: str = "radix"  # radix | blockhash
     disable_radix_cache: bool = False
@@ -163,6 +218,8 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
+    regret_window: int = 2048  # requests in the live-regret window (0: off)
+    max_n: int = 16  # cap on choices per request (n); beyond it a 400
 
     @property
     def prefix_cache_enabled(self) -> bool:

@@ -1,4 +1,5 @@
-"""radixkv.model: Llama-family checkpoints (Llama/SmolLM2, Qwen2, Qwen3, Mistral) over the KV pool.
+"""radixkv.model: Llama-family checkpoints (Llama/SmolLM2, Qwen2, Qwen3, Mistral) over the KV pool,
+and hybrid ones (Gemma 3, Qwen3.5, Qwen3-Next, LFM2) over component pools (memory.hybrid).
 
 Usage::
 
@@ -19,6 +20,15 @@ Usage::
 The model writes each new token's K/V to `batch.out_slots`, then attends over
 `batch.context_slots[r]` with causal masking by position (and the layer's sliding window). Other
 architectures raise `UnsupportedArchitectureError` naming them.
+
+Hybrid models (and any model, given ModelPools)::
+
+    spec = lm.config.pool_spec()        # FULL / SWA layer counts, window, state tensors per layer
+    pools = spec.make_pools(full_slots, swa_slots, state_slots, lm.dtype, "cpu")
+    logits = lm.model(batch, pools)     # batch also carries swa_context_slots / state_slots
+
+See radixkv.engine.batch.ForwardBatch for what each component reads and writes, and
+radixkv.model.hybrid_simple.Session for a standalone driver.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from radixkv.memory.hybrid import PoolSpec
 from radixkv.memory.pool import KVPoolConfig
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
@@ -22,6 +23,13 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
+)
+# Hybrid families (radixkv.model.hybrid): separate config and model classes, see loader.FAMILIES.
+HYBRID_ARCHITECTURES: tuple[str, ...] = (
+    "Gemma3ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Lfm2ForCausalLM",
+    "Qwen3NextForCausalLM",
 )
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
 
@@ -60,10 +68,32 @@ class ModelConfig:
     bos_token_id: int | None
     torch_dtype: str | None
 
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """ "swa" for every layer of an all-sliding model (Mistral), else "full" for all: a model
+        mixing windowed and full layers (Qwen2/3 `max_window_layers`) keeps every layer in the
+        FULL pool, where the window is applied by attention."""
+        w = self.layer_windows
+        if w and w[0] is not None and all(x == w[0] for x in w):
+            return ("swa",) * self.num_layers
+        return ("full",) * self.num_layers
+
+    def pool_spec(self) -> PoolSpec:
+        """The components this model needs: FULL only, or SWA only (all-sliding)."""
+        swa = self.layer_kinds[0] == "swa" if self.num_layers else False
+        return PoolSpec(
+            num_full_layers=0 if swa else self.num_layers,
+            num_swa_layers=self.num_layers if swa else 0,
+            swa_window=self.layer_windows[0] if swa else None,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+        )
+
     def pool_config(
         self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
     ) -> KVPoolConfig:
-        """The KV pool shape this model reads and writes."""
+        """The KV pool shape this model reads and writes (all layers; with `pool_spec`'s
+        components, this is the FULL pool, or the SWA pool of an all-sliding model)."""
         return KVPoolConfig(
             num_layers=self.num_layers,
             num_kv_heads=self.num_kv_heads,
@@ -85,9 +115,9 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         arch = archs[0] if archs else str(raw.get("model_type", "<missing>"))
         if arch not in SUPPORTED_ARCHITECTURES:
+            supported = SUPPORTED_ARCHITECTURES + HYBRID_ARCHITECTURES
             raise UnsupportedArchitectureError(
-                f"unsupported architecture {arch!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported architecture {arch!r}; supported: {', '.join(supported)}"
             )
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])

@@ -14,9 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixkv.engine.batch import ForwardBatch
+from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from radixkv.model.config import ModelConfig
+from radixkv.model.hybrid import single_pool
 from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
 # Returns the HF tensor of that name (already on the target device/dtype), or None if absent.
@@ -129,6 +131,7 @@ class CausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = cfg
+        self.pool_spec = cfg.pool_spec()
         self.attention: AttentionBackend = attention or TorchAttention()
         embed = get("model.embed_tokens.weight")
         if embed is None:
@@ -158,7 +161,8 @@ class CausalLM(nn.Module):
         return self.embed.device
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, pool: KVPool | ModelPools) -> torch.Tensor:
+        batch, pool = single_pool(batch, pool, self.pool_spec)  # ModelPools → its one pool
         device = self.device
         ids = batch.input_ids.to(device)
         positions = batch.positions.to(device)

@@ -4,23 +4,58 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from radixkv.model.attention import AttentionBackend, select_backend
-from radixkv.model.config import ModelConfig
+from radixkv.model.config import HYBRID_ARCHITECTURES, ModelConfig
+from radixkv.model.hybrid import HybridConfig, HybridLM
 from radixkv.model.llama import CausalLM
 from radixkv.model.tokenizer import Tokenizer
 from radixkv.model.weights import SafetensorsWeights
 
+# Hybrid architecture → (module, config class, model class) under radixkv.model.
+FAMILIES: dict[str, tuple[str, str, str]] = {
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3Config", "Gemma3LM"),
+    "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen35Config", "Qwen35LM"),
+    "Lfm2ForCausalLM": ("lfm2", "Lfm2Config", "Lfm2LM"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextConfig", "Qwen3NextLM"),
+}
+assert set(FAMILIES) == set(HYBRID_ARCHITECTURES)
+
+
+def _family(arch: str) -> tuple[Any, Callable[..., HybridLM]]:
+    module, config_cls, model_cls = FAMILIES[arch]
+    mod = import_module(f"radixkv.model.{module}")
+    return getattr(mod, config_cls), getattr(mod, model_cls)
+
+
+def load_config(path: str | os.PathLike[str]) -> ModelConfig | HybridConfig:
+    """The config of any supported checkpoint (UnsupportedArchitectureError otherwise)."""
+    root = Path(path)
+    raw = json.loads((root / "config.json").read_text())
+    gen_path = root / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    archs = raw.get("architectures") or []
+    if archs and archs[0] in FAMILIES:
+        config_cls, _ = _family(archs[0])
+        config: HybridConfig = config_cls.from_dict(raw, gen)
+        return config
+    return ModelConfig.from_dict(raw, gen)
+
 
 @dataclass
 class LoadedModel:
-    model: CausalLM
-    config: ModelConfig
+    """`model(batch, pools)`: pools is a `memory.hybrid.ModelPools` built from
+    `config.pool_spec()`; Llama-family models also take a bare KVPool (their one component)."""
+
+    model: CausalLM | HybridLM
+    config: ModelConfig | HybridConfig
     tokenizer: Tokenizer
     path: Path
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -45,7 +80,8 @@ def load_model(
     dtype: torch.dtype | None = None,
     attention: AttentionBackend | None = None,
 ) -> LoadedModel:
-    """Load a Llama-family HF checkpoint (None → the embedded SmolLM2-135M-Instruct).
+    """Load a Llama-family or hybrid (FAMILIES) HF checkpoint (None → the embedded
+    SmolLM2-135M-Instruct).
 
     Raises UnsupportedArchitectureError for other architectures, before reading any weights.
     """
@@ -58,12 +94,16 @@ def load_model(
     generation_config: dict[str, Any] = (
         json.loads(gen_path.read_text()) if gen_path.exists() else {}
     )
-    config = ModelConfig.from_pretrained(root)
+    config = load_config(root)
     dtype = dtype or default_dtype(device)
     weights = SafetensorsWeights(root, dtype=dtype, device=device)
-    model = CausalLM(
-        config, weights.get, device=device, attention=attention or select_backend(device)
-    )
+    backend = attention or select_backend(device)
+    model: CausalLM | HybridLM
+    if isinstance(config, ModelConfig):
+        model = CausalLM(config, weights.get, device=device, attention=backend)
+    else:
+        _, model_cls = _family(config.architecture)
+        model = model_cls(config, weights.get, device=device, attention=backend)
     allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
     leftover = weights.unused(allowed)
     weights.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import operator
 import secrets
@@ -62,6 +63,10 @@ class ServerState:
         self.max_model_len: int | None = self.engine.max_model_len
         self.model_name = model_name
         self.api_key = api_key
+        # A token's own text, for logprobs (special tokens included).
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda tid: str(self.tokenizer.decode([tid], skip_special_tokens=False))
+        )
         self.sessions = SessionTracker()
         # Per-process secret for the dashboard's short hashes of ids and salts (never shown).
         self.label_key = secrets.token_bytes(16)
@@ -117,12 +122,26 @@ async def _generate(
                 code="context_length_exceeded",
             )
         default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
-    sampling = req.sampling(default_max)
+    sampling = req.sampling(default_max, state.vocab_size)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
+    echo = None
+    if kind == "completion" and req.echo:
+        p = req.prompt_text_or_ids()
+        echo = p if isinstance(p, str) else state.tokenizer.decode(p)
     gen = Generation(
-        state, kind, request_id, stream, len(prompt_ids), t0, req.session_id, req.include_usage
+        state,
+        kind,
+        request_id,
+        stream,
+        len(prompt_ids),
+        t0,
+        req.session_id,
+        req.include_usage,
+        n=sampling.n,
+        logprobs=sampling.logprobs is not None,
+        echo=echo,
     )
     gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
     if req.stream:
@@ -221,7 +240,10 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/cache/stats")
     async def cache_stats() -> dict[str, Any]:
         m, memory = await state.engine.call(_metrics_and_census)
-        return {**_stats(state, m), "memory_check": memory}
+        out = {**_stats(state, m), "memory_check": memory}
+        if state.engine.supports("regret_stats"):
+            out["regret"] = await state.engine.call(operator.methodcaller("regret_stats"))
+        return out
 
     @app.get("/sessions/{session_id}")
     async def session(session_id: str) -> dict[str, Any]:
@@ -230,8 +252,9 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/sessions/{session_id}/close")
     async def close_session(session_id: str) -> dict[str, Any]:
         out = _session_or_404(state, session_id, close=True)
-        if state.engine.supports("close_session"):  # hook for session-aware eviction
-            await state.engine.call(operator.methodcaller("close_session", session_id))
+        if state.engine.supports("close_session"):  # session-aware eviction
+            released = await state.engine.call(operator.methodcaller("close_session", session_id))
+            out["cache_reference_released"] = bool(released)
         return out
 
 

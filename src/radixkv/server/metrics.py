@@ -38,6 +38,15 @@ class _EngineCollector(Collector):
             "evictable_tokens": ("Cached tokens not locked by any request", m.evictable_tokens),
             "running_requests": ("Requests in the running batch", m.running_requests),
             "waiting_requests": ("Requests waiting for admission", m.waiting_requests),
+            "window_token_hit_rate": (
+                "Token hit rate over the recent live-regret window",
+                m.window_hit_rate,
+            ),
+            "window_belady_token_hit_rate": (
+                "Belady's token hit rate over the same window at the same capacity (the bound)",
+                m.window_belady_hit_rate,
+            ),
+            "window_requests": ("Requests in the live-regret window", m.window_requests),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"radixkv_{name}", doc, value=float(value))

@@ -1,9 +1,9 @@
-"""OpenAI-compatible request bodies and the OpenAI-style error type.
+"""OpenAI-compatible request bodies (the error type lives in server/errors.py).
 
 Bodies are parsed from raw bytes in strict JSON mode, so a string where a number belongs is a 400
 (never FastAPI's 422), and malformed JSON is a 400 too. Unknown fields are ignored (clients send
-many optional ones); fields we cannot honour (n > 1, logprobs, echo, penalties) are rejected with
-a 400 that names the parameter instead of being silently dropped.
+many optional ones); fields we cannot honour (suffix, tools, echo together with logprobs) are
+rejected with a 400 that names the parameter instead of being silently dropped.
 """
 
 from __future__ import annotations
@@ -13,42 +13,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixkv.engine.types import RequestOptions, SamplingParams
+from radixkv.server.errors import APIError as APIError  # re-exported for the handlers
+from radixkv.server.errors import overloaded as overloaded
+from radixkv.server.sampling_args import logit_bias_pairs, response_format_schema
 
 _M = TypeVar("_M", bound=BaseModel)
-
-
-class APIError(Exception):
-    """An error that becomes an OpenAI-style body: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def overloaded(message: str) -> APIError:
-    return APIError(message, 503, type="server_error", code="overloaded")
 
 
 class StreamOptions(BaseModel):
@@ -73,6 +42,7 @@ class _Common(BaseModel):
     n: int = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # extension (vLLM / HF semantics)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     # Extensions (sent by OpenAI clients through `extra_body`).
@@ -83,21 +53,10 @@ class _Common(BaseModel):
     stop_token_ids: list[int] | None = None
 
     def check_common(self, vocab_size: int) -> None:
-        if self.n != 1:
-            raise APIError("only n=1 is supported", param="n", code="unsupported_parameter")
+        if self.n < 1:
+            raise APIError("n must be >= 1", param="n", code="invalid_value")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise APIError("max_tokens must be >= 1", param="max_tokens", code="invalid_value")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0.0):
-                raise APIError(f"{name} is not supported", param=name, code="unsupported_parameter")
-        if self.logit_bias:
-            raise APIError("logit_bias is not supported", param="logit_bias", code="unsupported")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise APIError(
-                "only response_format type 'text' is supported",
-                param="response_format",
-                code="unsupported",
-            )
         for tid in self.stop_token_ids or ():
             if not 0 <= tid < vocab_size:
                 raise APIError(
@@ -106,7 +65,11 @@ class _Common(BaseModel):
                     code="invalid_value",
                 )
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
+    def logprobs_k(self) -> int | None:
+        """Top alternatives per token (None: no logprobs); set by each endpoint."""
+        return None
+
+    def sampling(self, default_max_tokens: int, vocab_size: int = 2**31) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         params = SamplingParams(
             max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
@@ -117,6 +80,13 @@ class _Common(BaseModel):
             stop=tuple(s for s in stop if s),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            n=self.n,
+            logprobs=self.logprobs_k(),
+            logit_bias=logit_bias_pairs(self.logit_bias, vocab_size),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            json_schema=response_format_schema(self.response_format),
         )
         params.validate()  # RequestError → 400 naming the parameter
         return params
@@ -139,10 +109,12 @@ class CompletionRequest(_Common):
 
     def check(self, vocab_size: int) -> None:
         self.check_common(vocab_size)
-        if self.logprobs is not None:
-            raise APIError("logprobs are not supported", param="logprobs", code="unsupported")
-        if self.echo:
-            raise APIError("echo is not supported", param="echo", code="unsupported_parameter")
+        if self.echo and self.logprobs is not None:
+            raise APIError(
+                "echo together with logprobs is not supported (prompt logprobs are not computed)",
+                param="echo",
+                code="unsupported_parameter",
+            )
         if self.suffix:
             raise APIError("suffix is not supported", param="suffix", code="unsupported_parameter")
         prompt = self.prompt
@@ -152,6 +124,9 @@ class CompletionRequest(_Common):
                 param="prompt",
                 code="unsupported_parameter",
             )
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
     def prompt_text_or_ids(self) -> str | list[int]:
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
@@ -195,10 +170,15 @@ class ChatCompletionRequest(_Common):
                 )
             self.max_tokens = self.max_completion_tokens
         self.check_common(vocab_size)
-        if self.logprobs or self.top_logprobs:
-            raise APIError("logprobs are not supported", param="logprobs", code="unsupported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(
+                "top_logprobs requires logprobs=true", param="top_logprobs", code="invalid_value"
+            )
         if self.tools:
             raise APIError("tools are not supported", param="tools", code="unsupported")
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def template_messages(self) -> list[dict[str, str]]:
         # "developer" is OpenAI's newer name for the system role; templates know "system".

@@ -1,10 +1,12 @@
 """Generation handlers shared by /v1/completions and /v1/chat/completions.
 
-One `Generation` follows one request from submission to its finished delta, building either a
-single JSON response or an SSE stream of chunks (OpenAI wire format). Invariant: however the
-response ends — finished, client gone, server error — `finish()` runs exactly once, and if the
-engine did not report the request finished, the request is aborted so its slots and locks are
-released.
+One `Generation` follows one request (all of its n choices) from submission to its finished
+delta, building either a single JSON response or an SSE stream of chunks (OpenAI wire format).
+Each delta belongs to one choice (`delta.index`); a choice is done when its delta carries a
+finish_reason, the request when a delta has `finished`. Invariant: however the response ends —
+finished, client gone, server error — `finish()` runs exactly once, and if the engine did not
+report the request finished, the request is aborted so every choice's slots and locks are
+released. Usage counts the prompt once and sums completion tokens over the choices.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from starlette.requests import Request
 
 from radixkv.engine.types import StreamDelta
+from radixkv.server.logprobs import LogprobsBuilder
 from radixkv.server.protocol import APIError
 
 if TYPE_CHECKING:
@@ -39,6 +42,9 @@ class Generation:
         t0: float,
         session_id: str | None,
         include_usage: bool,
+        n: int = 1,
+        logprobs: bool = False,
+        echo: str | None = None,
     ) -> None:
         self.state = state
         self.kind = kind
@@ -50,13 +56,23 @@ class Generation:
         self.created = int(time.time())
         self.prompt_tokens = prompt_len
         self.cached_tokens = 0
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
+        self.echo = echo  # completions echo: the prompt text starts every choice
+        self.choices = [_Choice(i) for i in range(n)]
+        if logprobs:
+            offset = len(echo or "")
+            for c in self.choices:
+                c.logprobs = LogprobsBuilder(kind, state.token_text, offset)
+        self.finish_reason: str | None = None  # of the request: set when it ended
         self.error: str | None = None
         self._first_token = False
         self.ttft_s: float | None = None
         self.cache_salt: str | None = None
         self._done = False
+        self._ended = False  # the engine reported the request finished
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
 
     # ---- delta bookkeeping ----
     async def next_delta(self) -> StreamDelta:
@@ -64,24 +80,39 @@ class Generation:
         if delta.prompt_tokens:
             self.prompt_tokens = delta.prompt_tokens
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
-        self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
+        choice = self.choices[delta.index] if delta.index < len(self.choices) else None
+        if choice is not None:
+            choice.completion_tokens = max(choice.completion_tokens, delta.completion_tokens)
+            if delta.finish_reason is not None:
+                choice.finish_reason = delta.finish_reason
         if delta.new_token_ids and not self._first_token:
             self._first_token = True
             self.ttft_s = time.perf_counter() - self.t0
             self.state.metrics.ttft.observe(self.ttft_s)
-        if delta.finished:
-            self.finish_reason = delta.finish_reason or "stop"
+        if delta.finish_reason in ("abort", "error"):
+            self.finish_reason = delta.finish_reason  # any failed choice fails the request
             self.error = delta.error
+        if delta.finished:
+            self._ended = True
+            self.finish_reason = self.finish_reason or delta.finish_reason or "stop"
+            self.error = self.error or delta.error
         return delta
+
+    def _logprobs(self, delta: StreamDelta) -> dict[str, Any] | None:
+        """The logprobs piece for this delta's tokens (None when not requested)."""
+        choice = self.choices[delta.index]
+        if choice.logprobs is None:
+            return None
+        return choice.logprobs.add(delta.new_token_ids, delta.logprobs or [])
 
     def finish(self) -> None:
         """Release and account the request; idempotent, safe from `finally`."""
         if self._done:
             return
         self._done = True
-        if self.finish_reason is None:  # client went away or we failed: free what it holds
+        if not self._ended:  # client went away or we failed: free what it holds
             self.state.engine.abort(self.request_id)
-            self.finish_reason = "abort"
+            self.finish_reason = self.finish_reason or "abort"
         m = self.state.metrics
         m.finished.labels(self.finish_reason).inc()
         m.latency.observe(time.perf_counter() - self.t0)
@@ -110,11 +141,13 @@ class Generation:
     async def collect(self, request: Request) -> dict[str, Any]:
         """Run to completion; a client disconnect aborts the request."""
         watcher = asyncio.create_task(_abort_on_disconnect(request, self))
-        parts: list[str] = []
         try:
             while True:
                 delta = await self.next_delta()
-                parts.append(delta.new_text)
+                if delta.index < len(self.choices):
+                    self.choices[delta.index].parts.append(delta.new_text)
+                    if delta.new_token_ids:
+                        self._logprobs(delta)
                 if delta.finished:
                     break
         finally:
@@ -122,47 +155,56 @@ class Generation:
             self.finish()
         if self.finish_reason in ("abort", "error"):
             raise self._failure()
-        text = "".join(parts)
-        if self.kind == "chat":
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": self.finish_reason,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": self.finish_reason,
-            }
         return {
             "id": self.request_id,
             "object": "chat.completion" if self.kind == "chat" else "text_completion",
             "created": self.created,
             "model": self.state.model_name,
-            "choices": [choice],
+            "choices": [self._final_choice(c) for c in self.choices],
             "usage": self.usage(),
         }
 
+    def _final_choice(self, c: _Choice) -> dict[str, Any]:
+        text = "".join(c.parts)
+        lps = c.logprobs.total() if c.logprobs is not None else None
+        if self.kind == "chat":
+            return {
+                "index": c.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": lps,
+                "finish_reason": c.finish_reason,
+            }
+        return {
+            "index": c.index,
+            "text": (self.echo or "") + text,
+            "logprobs": lps,
+            "finish_reason": c.finish_reason,
+        }
+
     # ---- streaming ----
-    def _chunk(self, text: str | None, finish_reason: str | None, role: bool = False) -> str:
+    def _chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        role: bool = False,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> str:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         else:
             choice = {
-                "index": 0,
+                "index": index,
                 "text": text or "",
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         return self._event(choices=[choice])
@@ -182,19 +224,23 @@ class Generation:
     async def sse(self) -> AsyncIterator[str]:
         """SSE events ending with `data: [DONE]`; cancellation (disconnect) aborts via finish()."""
         try:
-            if self.kind == "chat":
-                yield self._chunk(None, None, role=True)
+            for c in self.choices:
+                if self.kind == "chat":
+                    yield self._chunk(None, None, role=True, index=c.index)
+                elif self.echo:
+                    yield self._chunk(self.echo, None, index=c.index)
             while True:
                 delta = await self.next_delta()
-                if delta.finished and self.finish_reason in ("abort", "error"):
+                if self.finish_reason in ("abort", "error"):
                     err = self._failure()
                     if delta.new_text:
-                        yield self._chunk(delta.new_text, None)
+                        yield self._chunk(delta.new_text, None, index=delta.index)
                     yield f"data: {json.dumps(err.body())}\n\n"
                     break
-                if delta.new_text or delta.finished:
+                lps = self._logprobs(delta) if delta.new_token_ids else None
+                if delta.new_text or delta.finish_reason or lps is not None:
                     yield self._chunk(
-                        delta.new_text, self.finish_reason if delta.finished else None
+                        delta.new_text, delta.finish_reason, index=delta.index, logprobs=lps
                     )
                 if delta.finished:
                     break
@@ -203,6 +249,17 @@ class Generation:
             yield "data: [DONE]\n\n"
         finally:
             self.finish()
+
+
+class _Choice:
+    """One choice's accumulated output."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.parts: list[str] = []
+        self.finish_reason: str | None = None
+        self.completion_tokens = 0
+        self.logprobs: LogprobsBuilder | None = None
 
 
 async def _abort_on_disconnect(request: Request, gen: Generation) -> None:

@@ -1,0 +1,99 @@
+"""Live regret: the cache's hit rate over a recent window beside what Belady would have kept.
+
+The engine records each request once, on its first admission: the chained page keys of the
+tokens it matched against the cache (no tokens are kept), its prompt length and the tokens the
+cache actually served. The window is bounded (oldest requests leave first, by request count and
+by page count). Every `every` records, and on demand, `belady` replays the window from an empty
+cache at the same capacity (the KV pool, in pages); the two hit rates side by side say how much
+a better eviction policy could still win on this traffic. The bound starts cold like the window
+itself, so early in a window it is a slight underestimate of an optimal warm cache.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from radixkv.cache.belady import belady, page_keys
+
+
+@dataclass(frozen=True)
+class RegretReport:
+    """Token hit rates over the same window of requests (0.0 on an empty window)."""
+
+    requests: int
+    prompt_tokens: int
+    live_hit_rate: float  # what the cache served
+    belady_hit_rate: float  # the offline optimum at the same capacity
+    capacity_tokens: int
+
+    @property
+    def regret(self) -> float:
+        return max(self.belady_hit_rate - self.live_hit_rate, 0.0)
+
+
+class RegretWindow:
+    """Bounded record of recent requests (page keys only) and the last computed report."""
+
+    def __init__(
+        self,
+        page_size: int,
+        capacity_tokens: int,
+        max_requests: int = 2048,
+        max_pages: int = 65_536,
+        every: int = 256,
+    ) -> None:
+        if page_size < 1 or max_requests < 1 or every < 1:
+            raise ValueError("page_size, max_requests and every must be >= 1")
+        self.page_size = page_size
+        self.capacity_tokens = capacity_tokens
+        self.max_requests = max_requests
+        self.max_pages = max_pages
+        self.every = every
+        # (page keys, prompt tokens, served tokens) per request, oldest first
+        self._window: deque[tuple[list[int], int, int]] = deque()
+        self._pages = 0
+        self._since = 0
+        self.last = RegretReport(0, 0, 0.0, 0.0, capacity_tokens)
+
+    def __len__(self) -> int:
+        return len(self._window)
+
+    def record(
+        self,
+        query: Sequence[int],
+        namespace: Hashable | None,
+        prompt_tokens: int,
+        served_tokens: int,
+    ) -> None:
+        """One admitted request: `query` is what was matched against the cache."""
+        keys = page_keys(query, self.page_size, namespace)
+        self._window.append((keys, prompt_tokens, served_tokens))
+        self._pages += len(keys)
+        while len(self._window) > self.max_requests or (
+            self._pages > self.max_pages and len(self._window) > 1
+        ):
+            self._pages -= len(self._window.popleft()[0])
+        self._since += 1
+        if self._since >= self.every:
+            self.compute()
+
+    def compute(self) -> RegretReport:
+        """Replay the window through Belady now; also stored as `last`."""
+        self._since = 0
+        window = list(self._window)
+        opt = belady([w[0] for w in window], self.capacity_tokens // self.page_size)
+        prompt = sum(w[1] for w in window)
+        served = sum(w[2] for w in window)
+        best = sum(
+            min(h * self.page_size, w[1]) for h, w in zip(opt.hit_pages, window, strict=True)
+        )
+        self.last = RegretReport(
+            len(window),
+            prompt,
+            served / prompt if prompt else 0.0,
+            best / prompt if prompt else 0.0,
+            self.capacity_tokens,
+        )
+        return self.last

@@ -1,0 +1,208 @@
+"""Pools of a hybrid model: which components it needs (`PoolSpec`) and their tensors (`ModelPools`).
+
+A hybrid model has up to three kinds of layers, each with its own memory component:
+- FULL attention layers keep K/V for every token, in a `KVPool` over only those layers;
+- SWA (sliding-window) layers keep K/V too, in a second `KVPool` over only those layers, with their
+  own slot numbering (a request needs only the last W tokens there);
+- STATE layers (gated DeltaNet recurrent + conv state, LFM2 short-conv state) keep a fixed-size
+  state per sequence, in a `StatePool`: one slot holds the state of ALL state layers of one
+  sequence at one boundary. Working states of running requests and cached checkpoints are slots
+  of the same pool; copy-on-write is done by copying whole slots (`copy_state`).
+
+These are tensor owners only; which slot belongs to whom is the allocators' and the tree's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixkv.memory.pool import KVPool, KVPoolConfig
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class StateTensorSpec:
+    """One named per-slot tensor of a state layer, e.g. ("conv", (C, K-1)).
+
+    `dtype` None means the model dtype; recurrent states pin float32 (they accumulate)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
+
+    def resolve(self, model_dtype: torch.dtype) -> torch.dtype:
+        return model_dtype if self.dtype is None else self.dtype
+
+
+@dataclass(frozen=True)
+class StateLayerSpec:
+    """The state tensors of one STATE layer (order = the model's state layers in order)."""
+
+    tensors: tuple[StateTensorSpec, ...]
+
+
+@dataclass(frozen=True)
+class StatePoolConfig:
+    layers: tuple[StateLayerSpec, ...]
+    num_slots: int
+    dtype: torch.dtype = torch.float32  # the model dtype (tensors with dtype None use it)
+    device: str = "cpu"
+
+    @property
+    def bytes_per_slot(self) -> int:
+        total = 0
+        for layer in self.layers:
+            for t in layer.tensors:
+                n = 1
+                for d in t.shape:
+                    n *= d
+                total += n * _elem(t.resolve(self.dtype))
+        return total
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_slot * self.num_slots
+
+
+class StatePool:
+    """`tensors[j][name]`: [num_slots, *shape] for the j-th state layer.
+
+    Slot contents are opaque to the pool. Invariant kept by callers: a slot is either free, a
+    running request's working state (written by the model in place), or a checkpoint (never written
+    again until freed)."""
+
+    def __init__(self, config: StatePoolConfig) -> None:
+        self.config = config
+        self.tensors: list[dict[str, torch.Tensor]] = [
+            {
+                t.name: torch.zeros(
+                    (config.num_slots, *t.shape),
+                    dtype=t.resolve(config.dtype),
+                    device=config.device,
+                )
+                for t in layer.tensors
+            }
+            for layer in config.layers
+        ]
+
+    @property
+    def num_slots(self) -> int:
+        return self.config.num_slots
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.tensors)
+
+    def copy_state(self, src: int, dst: int) -> None:
+        """Slot `dst` becomes an exact copy of slot `src` (every layer, every tensor)."""
+        if src == dst:
+            return
+        for layer in self.tensors:
+            for t in layer.values():
+                t[dst].copy_(t[src])
+
+    def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Batched `copy_state`: dst[i] <- src[i]; `dst` must not repeat nor overlap `src`."""
+        src = src.to(self.config.device)
+        dst = dst.to(self.config.device)
+        for layer in self.tensors:
+            for t in layer.values():
+                t.index_copy_(0, dst, t.index_select(0, src))
+
+    def clear(self, slots: torch.Tensor) -> None:
+        """Zero the given slots (the state before any token)."""
+        slots = slots.to(self.config.device)
+        for layer in self.tensors:
+            for t in layer.values():
+                t.index_fill_(0, slots, 0)
+
+
+@dataclass
+class ModelPools:
+    """The pools one forward reads and writes; a component the model lacks is None."""
+
+    full: KVPool | None = None
+    swa: KVPool | None = None
+    state: StatePool | None = None
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """Which components a model needs, and their shapes (per slot).
+
+    FULL pool layer j = the model's j-th full-attention layer; SWA pool layer j = its j-th sliding
+    layer; state layer j = its j-th state layer. FULL and SWA share K/V heads and head_dim."""
+
+    num_full_layers: int
+    num_swa_layers: int
+    swa_window: int | None
+    num_kv_heads: int
+    head_dim: int
+    state_layers: tuple[StateLayerSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.swa_window is None) != (self.num_swa_layers == 0):
+            raise ValueError("swa_window must be set iff there are SWA layers")
+
+    @property
+    def has_full(self) -> bool:
+        return self.num_full_layers > 0
+
+    @property
+    def has_swa(self) -> bool:
+        return self.num_swa_layers > 0
+
+    @property
+    def has_state(self) -> bool:
+        return len(self.state_layers) > 0
+
+    def _kv(self, layers: int, num_slots: int, dtype: torch.dtype, device: str) -> KVPoolConfig:
+        return KVPoolConfig(layers, self.num_kv_heads, self.head_dim, num_slots, dtype, device)
+
+    def full_pool_config(
+        self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> KVPoolConfig | None:
+        return self._kv(self.num_full_layers, num_slots, dtype, device) if self.has_full else None
+
+    def swa_pool_config(
+        self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> KVPoolConfig | None:
+        return self._kv(self.num_swa_layers, num_slots, dtype, device) if self.has_swa else None
+
+    def state_pool_config(
+        self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> StatePoolConfig | None:
+        if not self.has_state:
+            return None
+        return StatePoolConfig(self.state_layers, num_slots, dtype, device)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> tuple[int, int]:
+        """(FULL, SWA) bytes of one token slot."""
+        per_layer = 2 * self.num_kv_heads * self.head_dim * _elem(dtype)
+        return per_layer * self.num_full_layers, per_layer * self.num_swa_layers
+
+    def state_bytes_per_slot(self, dtype: torch.dtype) -> int:
+        return StatePoolConfig(self.state_layers, 0, dtype).bytes_per_slot
+
+    def make_pools(
+        self,
+        full_slots: int,
+        swa_slots: int,
+        state_slots: int,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> ModelPools:
+        """Allocate every component this model has (slot counts of absent ones are ignored)."""
+        full = self.full_pool_config(full_slots, dtype, device)
+        swa = self.swa_pool_config(swa_slots, dtype, device)
+        state = self.state_pool_config(state_slots, dtype, device)
+        return ModelPools(
+            full=None if full is None else KVPool(full),
+            swa=None if swa is None else KVPool(swa),
+            state=None if state is None else StatePool(state),
+        )

@@ -1,0 +1,141 @@
+"""LFM2 (`Lfm2ForCausalLM`): gated short-convolution layers beside full attention.
+
+A conv layer computes B, C, x = in_proj(h), then y = C * conv(B * x) with a depthwise causal conv
+of kernel L (`conv_L_cache`); its state is the last L-1 inputs of the conv ([hidden, L-1] per
+sequence, in the StatePool). Attention layers are Llama-like with per-head Q/K RMSNorm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
+from radixkv.model.attention import AttentionBackend
+from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
+from radixkv.model.hybrid import HybridConfig, HybridLM, Step, Weights, kind_indices
+from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from radixkv.model.state_layers import StateMeta, causal_conv
+
+
+@dataclass(frozen=True)
+class Lfm2Config(HybridConfig):
+    rope_theta: float = 1_000_000.0
+    conv_kernel: int = 3
+    conv_bias: bool = False
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], gen: dict[str, Any] | None = None) -> Lfm2Config:
+        raw = dict(raw)
+        if raw.get("layer_types") is None:
+            n = int(raw["num_hidden_layers"])
+            idxs = raw.get("full_attn_idxs")
+            full = set(range(n)) if idxs is None else set(idxs)
+            raw["layer_types"] = ["full_attention" if i in full else "conv" for i in range(n)]
+        theta, scaling = _parse_rope(raw, "Lfm2ForCausalLM")
+        if scaling is not None:
+            raise UnsupportedArchitectureError("Lfm2ForCausalLM: rope scaling is not supported")
+        return cls(
+            **cls.common(
+                raw,
+                gen,
+                tie_word_embeddings=bool(
+                    raw.get("tie_word_embeddings", raw.get("tie_embedding", True))
+                ),
+                sliding_window=None,
+                rms_norm_eps=float(raw.get("norm_eps", 1e-5)),
+            ),
+            rope_theta=theta,
+            conv_kernel=int(raw.get("conv_L_cache", 3)),
+            conv_bias=bool(raw.get("conv_bias", False)),
+        )
+
+    def state_layer_specs(self) -> tuple[StateLayerSpec, ...]:
+        conv = StateTensorSpec("conv", (self.hidden_size, self.conv_kernel - 1))
+        return tuple(StateLayerSpec((conv,)) for _ in range(self.count("state")))
+
+
+class Lfm2Layer(nn.Module):
+    def __init__(self, cfg: Lfm2Config, index: int, w: Weights) -> None:
+        super().__init__()
+        self.kind = cfg.layer_kinds[index]
+        self.pool_layer = kind_indices(cfg.layer_kinds)[index]
+        self.eps = cfg.rms_norm_eps
+        self.op_norm = w.need("operator_norm.weight")
+        self.ffn_norm = w.need("ffn_norm.weight")
+        self.w1, self.w3, self.w2 = (w.need(f"feed_forward.{n}.weight") for n in ("w1", "w3", "w2"))
+        self.heads, self.kv_heads, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if self.kind == "state":
+            c = w.sub("conv.")
+            self.in_w, self.in_b = c.need("in_proj.weight"), c.maybe("in_proj.bias")
+            self.conv_w = nn.Parameter(c.need("conv.weight")[:, 0, :].contiguous(), False)
+            self.conv_b = c.maybe("conv.bias")
+            self.out_w, self.out_b = c.need("out_proj.weight"), c.maybe("out_proj.bias")
+        else:
+            a = w.sub("self_attn.")
+            self.qkv_w = nn.Parameter(
+                torch.cat([a.need(f"{n}_proj.weight") for n in "qkv"]), requires_grad=False
+            )
+            self.o_w = a.need("out_proj.weight")
+            self.q_norm, self.k_norm = a.need("q_layernorm.weight"), a.need("k_layernorm.weight")
+
+    def _conv(self, h: torch.Tensor, step: Step) -> torch.Tensor:
+        b, c, x = F.linear(h, self.in_w, self.in_b).chunk(3, dim=-1)
+        meta: StateMeta = step.cache["state"]
+        assert step.pools.state is not None
+        conv_state = step.pools.state.tensors[self.pool_layer]["conv"]
+        y = c * causal_conv(b * x, conv_state, meta, self.conv_w, self.conv_b)
+        return F.linear(y, self.out_w, self.out_b)
+
+    def _attn(self, h: torch.Tensor, step: Step) -> torch.Tensor:
+        t = h.shape[0]
+        q_size, kv_size = self.heads * self.hd, self.kv_heads * self.hd
+        q, k, v = F.linear(h, self.qkv_w).split([q_size, kv_size, kv_size], dim=-1)
+        q = rms_norm(q.reshape(t, self.heads, self.hd), self.q_norm, self.eps)
+        k = rms_norm(k.reshape(t, self.kv_heads, self.hd), self.k_norm, self.eps)
+        cos, sin = step.cache["rope"]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        v = v.reshape(t, self.kv_heads, self.hd)
+        o = step.kv.attend("full", self.pool_layer, q, k, v, None, self.hd**-0.5)
+        return F.linear(o.reshape(t, q_size).to(h.dtype), self.o_w)
+
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        h = rms_norm(x, self.op_norm, self.eps)
+        x = x + (self._conv(h, step) if self.kind == "state" else self._attn(h, step))
+        h = rms_norm(x, self.ffn_norm, self.eps)
+        return x + F.linear(F.silu(F.linear(h, self.w1)) * F.linear(h, self.w3), self.w2)
+
+
+class Lfm2LM(HybridLM):
+    def __init__(
+        self,
+        cfg: Lfm2Config,
+        get: Any,
+        device: str = "cpu",
+        attention: AttentionBackend | None = None,
+    ) -> None:
+        if "swa" in cfg.layer_kinds:
+            raise UnsupportedArchitectureError("Lfm2ForCausalLM: sliding layers are not supported")
+        w = Weights(get)
+        super().__init__(cfg, w, device, attention)
+        self.layers = nn.ModuleList(
+            Lfm2Layer(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
+        )
+        self.norm = w.need("model.embedding_norm.weight")
+        self.eps = cfg.rms_norm_eps
+        self.inv_freq: torch.Tensor
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, None).to(device)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def prepare(self, step: Step) -> None:
+        step.cache["rope"] = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
+        if self.spec.has_state:
+            step.cache["state"] = StateMeta.build(step.batch, step.pools.state, self.device)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.norm is not None
+        return rms_norm(x, self.norm, self.eps)

@@ -1,0 +1,267 @@
+"""Qwen3.5 text (`Qwen3_5ForCausalLM`): gated DeltaNet layers beside gated full attention.
+
+DeltaNet layer: in_proj_qkv → depthwise causal conv (kernel K, SiLU; state = the last K-1 inputs)
+→ q, k, v; beta = sigmoid(in_proj_b), g = -exp(A_log) * softplus(in_proj_a + dt_bias); the gated
+delta rule (radixkv.model.deltanet: chunked for prompts/chunks, recurrent for decode) over a
+float32 state [v_heads, dk, dv]; per-head RMSNorm gated by SiLU(in_proj_z); out_proj.
+Attention layer: q_proj yields queries and an output gate per head; (1 + w) Q/K norms; RoPE on the
+first `partial_rotary_factor` of each head; output * sigmoid(gate). Norms are (1 + w) RMSNorms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
+from radixkv.model import deltanet
+from radixkv.model.attention import AttentionBackend
+from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
+from radixkv.model.hybrid import HybridConfig, HybridLM, Step, Weights, kind_indices, rms_norm_1p
+from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from radixkv.model.state_layers import StateMeta, causal_conv, read_state
+
+ARCH = "Qwen3_5ForCausalLM"
+
+
+@dataclass(frozen=True)
+class Qwen35Config(HybridConfig):
+    rope_theta: float = 10_000.0
+    rotary_dim: int = 0
+    conv_kernel: int = 4
+    k_heads: int = 16
+    v_heads: int = 32
+    k_dim: int = 128
+    v_dim: int = 128
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], gen: dict[str, Any] | None = None) -> Qwen35Config:
+        return cls(**cls.parse(raw, gen, ARCH))
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], gen: dict[str, Any] | None, arch: str) -> dict[str, Any]:
+        """The fields shared with Qwen3-Next, as constructor keyword arguments."""
+        raw = dict(raw.get("text_config") or raw) | {"architectures": [arch]}
+        n = int(raw["num_hidden_layers"])
+        if raw.get("layer_types") is None:
+            every = int(raw.get("full_attention_interval", 4))
+            raw["layer_types"] = [
+                "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)
+            ]
+        if raw.get("hidden_act", "silu") != "silu" or raw.get("attention_bias"):
+            raise UnsupportedArchitectureError(f"{arch}: only silu, no attention bias")
+        params = dict(raw.get("rope_parameters") or {})
+        partial = float(params.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
+        for k in ("mrope_section", "mrope_interleaved"):  # text-only: all sections share positions
+            params.pop(k, None)
+        theta, scaling = _parse_rope({"rope_parameters": params, **_theta(raw)}, arch)
+        if scaling is not None:
+            raise UnsupportedArchitectureError(f"{arch}: rope scaling is not supported")
+        common = cls.common(raw, gen, sliding_window=None)
+        return dict(
+            **common,
+            rope_theta=theta,
+            rotary_dim=int(common["head_dim"] * partial),
+            conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)),
+            k_heads=int(raw.get("linear_num_key_heads", 16)),
+            v_heads=int(raw.get("linear_num_value_heads", 32)),
+            k_dim=int(raw.get("linear_key_head_dim", 128)),
+            v_dim=int(raw.get("linear_value_head_dim", 128)),
+        )
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    def state_layer_specs(self) -> tuple[StateLayerSpec, ...]:
+        conv = StateTensorSpec("conv", (self.conv_dim, self.conv_kernel - 1))
+        rec = StateTensorSpec("recurrent", (self.v_heads, self.k_dim, self.v_dim), torch.float32)
+        return tuple(StateLayerSpec((conv, rec)) for _ in range(self.count("state")))
+
+
+def _theta(raw: dict[str, Any]) -> dict[str, Any]:
+    return {"rope_theta": raw["rope_theta"]} if raw.get("rope_theta") else {}
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: Qwen35Config, w: Weights) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.qkv_w, self.z_w = w.need("in_proj_qkv.weight"), w.need("in_proj_z.weight")
+        self.ba_w = nn.Parameter(
+            torch.cat([w.need("in_proj_b.weight"), w.need("in_proj_a.weight")]), requires_grad=False
+        )
+        self.conv_w = nn.Parameter(w.need("conv1d.weight")[:, 0, :].contiguous(), False)
+        self.conv_b = w.maybe("conv1d.bias")
+        self.dt_bias, self.a_log = w.need("dt_bias"), w.need("A_log")
+        self.norm_w, self.out_w = w.need("norm.weight"), w.need("out_proj.weight")
+        self.eps = cfg.rms_norm_eps
+
+    def forward(
+        self, h: torch.Tensor, state: dict[str, torch.Tensor], meta: StateMeta
+    ) -> torch.Tensor:
+        c = self.cfg
+        t = h.shape[0]
+        mixed = F.silu(
+            causal_conv(F.linear(h, self.qkv_w), state["conv"], meta, self.conv_w, self.conv_b)
+        )
+        kd = c.k_heads * c.k_dim
+        q, k, v = mixed.split([kd, kd, c.v_heads * c.v_dim], dim=-1)
+        q, k = deltanet.prepare_qk(
+            q.reshape(t, c.k_heads, c.k_dim), k.reshape(t, c.k_heads, c.k_dim), c.v_heads
+        )
+        v = v.reshape(t, c.v_heads, c.v_dim)
+        b, a = F.linear(h, self.ba_w).split(c.v_heads, dim=-1)
+        beta = b.float().sigmoid()
+        g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        core = self._rule(q, k, v, g, beta, state["recurrent"], meta)
+        z = F.linear(h, self.z_w).reshape(t, c.v_heads, c.v_dim)
+        o = rms_norm(core.to(h.dtype), self.norm_w, self.eps)  # norm before the gate
+        o = (o * F.silu(z.float())).to(h.dtype)
+        return F.linear(o.reshape(t, -1), self.out_w)
+
+    def _rule(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        rec: torch.Tensor,
+        meta: StateMeta,
+    ) -> torch.Tensor:
+        """Chunked form per prompt/chunk, recurrent form for the batched decodes; states updated
+        in place in the pool."""
+        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        for run in meta.runs:
+            r = slice(run.start, run.end)
+            o, s = deltanet.chunked(q[r], k[r], v[r], g[r], beta[r], read_state(rec, run))
+            out[r] = o
+            rec[run.slot] = s
+        if meta.decode_rows is not None and meta.decode_slots is not None:
+            rows, slots = meta.decode_rows, meta.decode_slots
+            o, s = deltanet.recurrent_step(
+                q.index_select(0, rows),
+                k.index_select(0, rows),
+                v.index_select(0, rows),
+                g.index_select(0, rows),
+                beta.index_select(0, rows),
+                rec.index_select(0, slots),
+            )
+            out.index_copy_(0, rows, o)
+            rec.index_copy_(0, slots, s)
+        return out
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: Qwen35Config, w: Weights) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rot = cfg.rotary_dim
+        self.eps = cfg.rms_norm_eps
+        self.qkv_w = nn.Parameter(
+            torch.cat([w.need(f"{n}_proj.weight") for n in "qkv"]), requires_grad=False
+        )
+        self.o_w = w.need("o_proj.weight")
+        self.q_norm, self.k_norm = w.need("q_norm.weight"), w.need("k_norm.weight")
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rot == self.hd:
+            return apply_rope(x, cos, sin)
+        return torch.cat([apply_rope(x[..., : self.rot], cos, sin), x[..., self.rot :]], dim=-1)
+
+    def forward(self, h: torch.Tensor, step: Step, pool_layer: int) -> torch.Tensor:
+        t = h.shape[0]
+        q_size, kv_size = self.heads * self.hd, self.kv_heads * self.hd
+        qg, k, v = F.linear(h, self.qkv_w).split([2 * q_size, kv_size, kv_size], dim=-1)
+        # Per head: hd query features, then hd gate features.
+        q, gate = qg.reshape(t, self.heads, 2 * self.hd).split(self.hd, dim=-1)
+        q = rms_norm_1p(q, self.q_norm, self.eps)
+        k = rms_norm_1p(k.reshape(t, self.kv_heads, self.hd), self.k_norm, self.eps)
+        cos, sin = step.cache["rope"]
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        v = v.reshape(t, self.kv_heads, self.hd)
+        o = step.kv.attend("full", pool_layer, q, k, v, None, self.hd**-0.5)
+        o = o.reshape(t, q_size).to(h.dtype) * torch.sigmoid(gate.reshape(t, q_size))
+        return F.linear(o, self.o_w)
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU MLP (gate and up projections fused)."""
+
+    def __init__(self, w: Weights) -> None:
+        super().__init__()
+        gate = w.need("gate_proj.weight")
+        self.inter = gate.shape[0]
+        self.gate_up_w = nn.Parameter(torch.cat([gate, w.need("up_proj.weight")]), False)
+        self.down_w = w.need("down_proj.weight")
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(h, self.gate_up_w).split(self.inter, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_w)
+
+
+class Qwen35Layer(nn.Module):
+    def __init__(self, cfg: Qwen35Config, index: int, w: Weights) -> None:
+        super().__init__()
+        self.kind = cfg.layer_kinds[index]
+        self.pool_layer = kind_indices(cfg.layer_kinds)[index]
+        self.eps = cfg.rms_norm_eps
+        self.in_norm = w.need("input_layernorm.weight")
+        self.post_norm = w.need("post_attention_layernorm.weight")
+        self.mixer: GatedDeltaNet | GatedAttention
+        if self.kind == "state":
+            self.mixer = GatedDeltaNet(cfg, w.sub("linear_attn."))
+        else:
+            self.mixer = GatedAttention(cfg, w.sub("self_attn."))
+        self.mlp = self.make_mlp(cfg, index, w.sub("mlp."))
+
+    def make_mlp(self, cfg: Qwen35Config, index: int, w: Weights) -> nn.Module:
+        return DenseMLP(w)
+
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        h = rms_norm_1p(x, self.in_norm, self.eps)
+        if isinstance(self.mixer, GatedDeltaNet):
+            assert step.pools.state is not None
+            state = step.pools.state.tensors[self.pool_layer]
+            x = x + self.mixer(h, state, step.cache["state"])
+        else:
+            x = x + self.mixer(h, step, self.pool_layer)
+        return x + self.mlp(rms_norm_1p(x, self.post_norm, self.eps))
+
+
+class Qwen35LM(HybridLM):
+    layer_cls: type[Qwen35Layer] = Qwen35Layer
+
+    def __init__(
+        self,
+        cfg: Qwen35Config,
+        get: Any,
+        device: str = "cpu",
+        attention: AttentionBackend | None = None,
+    ) -> None:
+        if "swa" in cfg.layer_kinds:
+            raise UnsupportedArchitectureError(f"{cfg.architecture}: no sliding layers supported")
+        w = Weights(get)
+        super().__init__(cfg, w, device, attention)
+        self.layers = nn.ModuleList(
+            self.layer_cls(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
+        )
+        self.norm = w.need("model.norm.weight")
+        self.eps = cfg.rms_norm_eps
+        self.inv_freq: torch.Tensor
+        inv = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, None).to(device)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def prepare(self, step: Step) -> None:
+        step.cache["rope"] = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
+        if self.spec.has_state:
+            step.cache["state"] = StateMeta.build(step.batch, step.pools.state, self.device)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.norm is not None
+        return rms_norm_1p(x, self.norm, self.eps)

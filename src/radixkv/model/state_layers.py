@@ -1,0 +1,110 @@
+"""Per-request working states of STATE layers (recurrent / convolution) over the StatePool.
+
+A forward groups its requests once (`StateMeta`): one-token requests that continue an existing
+state run together (gather their slots, one batched update, scatter back); every other request
+(a prompt or a multi-token chunk) runs on its own over its token rows. A request with prefix 0
+starts from zeros whatever its slot holds (the engine need not clear working slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixkv.engine.batch import ForwardBatch
+from radixkv.memory.hybrid import StatePool
+
+
+@dataclass
+class StateRun:
+    """One request run on its own: token rows [start, end), its working slot, fresh = prefix 0."""
+
+    start: int
+    end: int
+    slot: int
+    fresh: bool
+
+
+@dataclass
+class StateMeta:
+    runs: list[StateRun]
+    decode_rows: torch.Tensor | None  # [Rd] token rows of the batched one-token continuations
+    decode_slots: torch.Tensor | None  # [Rd] their working slots
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, pool: StatePool | None, device: torch.device) -> StateMeta:
+        if pool is None:
+            raise ValueError("this model has state layers: pools.state is required")
+        if batch.state_slots is None or len(batch.state_slots) != batch.num_requests:
+            raise ValueError("this model has state layers: the batch needs one state slot/request")
+        if len(set(batch.state_slots)) != len(batch.state_slots):
+            raise ValueError("two requests of one batch share a working state slot")
+        runs: list[StateRun] = []
+        rows, slots = [], []
+        start = 0
+        for e, p, slot in zip(batch.extend_lens, batch.prefix_lens, batch.state_slots, strict=True):
+            if not 0 <= slot < pool.num_slots:
+                raise ValueError(f"state slot {slot} out of range")
+            if e == 1 and p > 0:
+                rows.append(start)
+                slots.append(slot)
+            elif e > 0:
+                runs.append(StateRun(start, start + e, slot, p == 0))
+            start += e
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+        return cls(runs, as_t(rows) if rows else None, as_t(slots) if slots else None)
+
+
+def read_state(t: torch.Tensor, run: StateRun) -> torch.Tensor:
+    """The state a run starts from: the slot's content, or zeros for a fresh sequence."""
+    return torch.zeros_like(t[run.slot]) if run.fresh else t[run.slot]
+
+
+def conv_extend(
+    x: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv over new inputs x [t, C] after the last K-1 inputs `state`
+    [C, K-1] (zeros before the first token); returns (out [t, C], new state [C, K-1])."""
+    full = torch.cat([state.to(x.dtype), x.t()], dim=-1)  # [C, K-1+t]
+    out = F.conv1d(full[None], weight[:, None, :], bias, groups=weight.shape[0])[0]
+    return out.t(), full[:, full.shape[1] - state.shape[1] :]
+
+
+def conv_decode(
+    x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One new input per sequence: x [R, C], states [R, C, K-1] → (out [R, C], new [R, C, K-1])."""
+    full = torch.cat([states.to(x.dtype), x[:, :, None]], dim=-1)  # [R, C, K]
+    out = F.conv1d(full, weight[:, None, :], bias, groups=weight.shape[0])[:, :, 0]
+    return out, full[:, :, 1:]
+
+
+def causal_conv(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    meta: StateMeta,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """Depthwise causal conv of every request's new rows of x [T, C], continuing (and updating in
+    place) each request's conv state in `conv_state` ([slots, C, K-1], one state layer)."""
+    out = torch.empty_like(x)
+    for run in meta.runs:
+        y, new = conv_extend(x[run.start : run.end], read_state(conv_state, run), weight, bias)
+        out[run.start : run.end] = y
+        conv_state[run.slot] = new
+    if meta.decode_rows is not None and meta.decode_slots is not None:
+        y, new = conv_decode(
+            x.index_select(0, meta.decode_rows),
+            conv_state.index_select(0, meta.decode_slots),
+            weight,
+            bias,
+        )
+        out.index_copy_(0, meta.decode_rows, y)
+        conv_state.index_copy_(0, meta.decode_slots, new.to(conv_state.dtype))
+    return out
