@@ -207,3 +207,33 @@ def test_serve_bad_model_path_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "the engine could not start" in out and "no-such-model" in out
     assert "Traceback" not in out
+
+
+def test_n_logprobs_and_json_schema_cross_the_boundary(srv: LiveServer) -> None:
+    """Fields other branches added to SamplingParams / StreamDelta need no transport change."""
+    client = _client(srv)
+    msgs: Any = [{"role": "user", "content": "A person as JSON."}]
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        max_tokens=40,
+        temperature=1.0,
+        seed=3,
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+        response_format=fmt,
+    )
+    assert len(r.choices) == 2
+    for c in r.choices:
+        assert c.logprobs is not None and c.logprobs.content
+        assert len(c.logprobs.content[0].top_logprobs) == 2
+        if c.finish_reason == "stop":
+            assert isinstance(json.loads(c.message.content or ""), dict)
