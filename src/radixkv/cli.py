@@ -1,6 +1,7 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, serve, compare, report, grammar}.
+serve | demo | generate | chat | replay | bench {tree, engine, tiers, serve, compare, report,
+grammar}.
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -20,6 +21,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.replay", False),  # replay
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
+    ("radixkv.bench.tiers", True),  # bench tiers
     ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare

@@ -95,9 +95,39 @@ def _send(srv: LiveServer, i: int, group: int) -> None:
     r.raise_for_status()
 
 
+# One read of everything the test checks, inside the page's own JS turn: the page re-renders its
+# tables on every poll, so element handles held across two WebDriver calls can go stale.
+SNAPSHOT_JS = """
+const all = (s) => [...document.querySelectorAll(s)];
+const kpi = {};
+all('[id^="kpi-"]').forEach((e) => { kpi[e.id.slice(4)] = e.innerText; });
+const pool = {};
+const p = document.querySelector('#pools .pool');
+if (p) p.querySelectorAll('b[data-k]').forEach((b) => { pool[b.dataset.k] = b.innerText; });
+const tree = document.getElementById('tree');
+return {
+  kpi, pool,
+  cached: all('#recent tbody td[data-k=cached]').map((c) => c.innerText),
+  recent_rows: all('#recent tbody tr').length,
+  tree_nodes: all('#tree tbody tr td.node').length,
+  tree_total: tree ? tree.getAttribute('data-total') : null,
+  ns_rows: all('#namespaces tbody tr').length,
+  polls: Number(document.body.getAttribute('data-polls') || 0),
+};
+"""
+
+
+def _snap(driver: Any) -> dict[str, Any]:
+    snap: dict[str, Any] = driver.execute_script(SNAPSHOT_JS)
+    return snap
+
+
 def _kpi(driver: Any, name: str) -> str:
-    text: str = driver.find_element("id", f"kpi-{name}").text
-    return text
+    return str(_snap(driver)["kpi"].get(name, ""))
+
+
+def _num(text: str) -> int:
+    return int(text.replace(",", ""))
 
 
 def test_dashboard_in_chromium_matches_cache_stats(srv: LiveServer, browser: Any) -> None:
@@ -108,7 +138,7 @@ def test_dashboard_in_chromium_matches_cache_stats(srv: LiveServer, browser: Any
     wait = WebDriverWait(browser, 60, poll_frequency=0.2)
 
     def polls(d: Any) -> int:
-        return int(d.find_element("tag name", "body").get_attribute("data-polls") or 0)
+        return int(_snap(d)["polls"])
 
     # Waves of requests (3 groups in parallel) while the page loads and polls between them.
     for wave in range(waves):
@@ -130,38 +160,32 @@ def test_dashboard_in_chromium_matches_cache_stats(srv: LiveServer, browser: Any
         wait.until(lambda d, seen=seen: polls(d) >= seen + 2)
     assert "api_key" not in browser.current_url  # the page strips the key from the address bar
     wait.until(lambda d: _kpi(d, "finished") == str(n_requests))
-    wait.until(lambda d: len(d.find_elements("css selector", "#tree tbody tr td.node")) > 0)
-    wait.until(lambda d: len(d.find_elements("css selector", "#recent tbody tr")) == n_requests)
+    wait.until(lambda d: _snap(d)["tree_nodes"] > 0)
+    wait.until(lambda d: _snap(d)["recent_rows"] == n_requests)
     # A tree poll after the last request (the tree polls every 2 s): its total is the tree's.
-    wait.until(
-        lambda d: _kpi(d, "tree-tokens") == d.find_element("id", "tree").get_attribute("data-total")
-    )
+    wait.until(lambda d: (s := _snap(d))["kpi"].get("tree-tokens") == s["tree_total"])
 
     stats = httpx.get(
         srv.url + "/cache/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=60
     ).json()
     assert stats["memory_check"] == "ok" and stats["finished_requests"] == n_requests
     # The numbers the page shows, as a reader sees them.
-    assert _kpi(browser, "hit-rate") == f"{100 * stats['token_hit_rate']:.1f}%"
-    assert _kpi(browser, "prompt-tokens") == f"{stats['prompt_tokens_total']:,}"
-    assert _kpi(browser, "cached-tokens") == f"{stats['cached_prompt_tokens_total']:,}"
-    assert _kpi(browser, "tree-tokens") == f"{stats['cached_tokens_in_tree']:,}"
-    assert _kpi(browser, "running") == "0" and _kpi(browser, "waiting") == "0"
+    snap = _snap(browser)
+    kpi = snap["kpi"]
+    assert kpi["hit-rate"] == f"{100 * stats['token_hit_rate']:.1f}%"
+    assert kpi["prompt-tokens"] == f"{stats['prompt_tokens_total']:,}"
+    assert kpi["cached-tokens"] == f"{stats['cached_prompt_tokens_total']:,}"
+    assert kpi["tree-tokens"] == f"{stats['cached_tokens_in_tree']:,}"
+    assert kpi["running"] == "0" and kpi["waiting"] == "0"
     assert stats["cached_prompt_tokens_total"] > 0  # the groups really shared their prefixes
-    pool = browser.find_element("css selector", "#pools .pool")
-    census = {
-        b.get_attribute("data-k"): int(b.text.replace(",", ""))
-        for b in pool.find_elements("css selector", "b[data-k]")
-    }
+    census = {k: _num(v) for k, v in snap["pool"].items()}
     assert census["free"] == stats["free_slots"]
     assert census["cached"] == stats["cached_tokens_in_tree"]
     assert census["held"] == 0 and census["sum"] == stats["pool_slots"]
     # The recent-requests table sums to the server's counters.
-    cells = browser.find_elements("css selector", "#recent tbody td[data-k=cached]")
-    assert sum(int(c.text.replace(",", "")) for c in cells) == stats["cached_prompt_tokens_total"]
+    assert sum(_num(c) for c in snap["cached"]) == stats["cached_prompt_tokens_total"]
     # Two salted namespaces, hashed; no salt, session id or prompt text on the page.
-    ns_rows = browser.find_elements("css selector", "#namespaces tbody tr")
-    assert len(ns_rows) == 2
+    assert snap["ns_rows"] == 2
     page = browser.page_source
     for secret in ("tenant-0", "tenant-1", "session-0", "instructions", KEY):
         assert secret not in page

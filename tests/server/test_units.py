@@ -121,3 +121,21 @@ def test_engine_bug_in_add_is_a_500_not_a_dead_loop() -> None:
             await ae.stop()
 
     asyncio.run(scenario())
+
+
+def test_component_pools_are_exported_per_pool_and_owner() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixkv.engine.types import EngineMetrics
+    from radixkv.server.metrics import ServerMetrics
+
+    pools = {
+        "full": {"size": 64, "free": 40, "cached": 16, "held": 8},
+        "swa": {"size": 32, "free": 20, "cached": 8, "held": 4},
+        "state": {"size": 10, "free": 6, "cached": 3, "held": 1},
+    }
+    m = EngineMetrics(1, 0, 64, 40, 16, 16, 10, 5, 3, 0, 1, component_pools=pools)
+    text = ServerMetrics(lambda: m).render().decode()
+    fam = {f.name: f for f in text_string_to_metric_families(text)}["radixkv_component_pool_slots"]
+    got = {(s.labels["pool"], s.labels["owner"]): s.value for s in fam.samples}
+    assert got == {(p, o): float(v) for p, row in pools.items() for o, v in row.items()}

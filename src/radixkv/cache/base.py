@@ -28,6 +28,15 @@ class MatchResult:
     length: int
     slots: SlotArray
     handle: Any
+    # Hybrid caches only (see radixkv.cache.components); defaults for the FULL-only cache.
+    # `swa_slots[i]` is the SWA slot of token i for i in [length - W, length), -1 before that.
+    swa_slots: SlotArray | None = None
+    # The STATE checkpoint id valid exactly at `length` (-1: none; resume from zeros at 0).
+    checkpoint: int = -1
+    # Longest page-aligned prefix whose tokens are on a cached path, before the SWA and STATE
+    # votes; `shared_length > length` means the request diverges at `shared_length` inside
+    # a span it cannot resume in (a good place for a new checkpoint). -1 when not computed.
+    shared_length: int = -1
 
 
 @dataclass(frozen=True)

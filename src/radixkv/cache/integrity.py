@@ -35,6 +35,7 @@ def check_unique_slots(parts: list[Any]) -> int:
 
 def check_radix(cache: RadixCache) -> None:
     pb = cache.page_size * TOKEN_BYTES
+    full = cache.components.full
     evictable = protected = 0
     leaves: set[int] = set()
     seen: dict[int, Any] = {}  # id(node) -> namespace; proves namespace roots are isolated
@@ -61,7 +62,8 @@ def check_radix(cache: RadixCache) -> None:
                     _fail(f"{where}: dead node still in the tree")
                 if not child.key or len(child.key) % pb:
                     _fail(f"{where}: edge of {len(child.key)} bytes is not whole pages")
-                if child.ntok * TOKEN_BYTES != len(child.key) or len(child.slots) != child.ntok:
+                want = child.ntok if full else 0  # a cache without FULL keeps no FULL slots
+                if child.ntok * TOKEN_BYTES != len(child.key) or len(child.slots) != want:
                     _fail(f"{where}: {len(child.slots)} slots for {child.ntok} tokens")
                 if child.slots.flags.writeable:
                     _fail(f"{where}: slot array is writable (callers could alter the tree)")
@@ -87,7 +89,7 @@ def check_radix(cache: RadixCache) -> None:
             f"but recomputed ({evictable}, {protected})"
         )
     total = check_unique_slots(parts)
-    if total != cache.total_size:
+    if full and total != cache.total_size:
         _fail(f"total_size {cache.total_size} but the tree holds {total} slots")
     _check_leaf_queue(cache)
     from radixkv.cache.sessions import check_sessions

@@ -17,9 +17,11 @@ Tree invariants (all verified by `check_integrity`):
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixkv.cache.base import CacheStats, MatchResult, SlotArray
+from radixkv.cache.components import Components
+from radixkv.cache.hybrid_api import ComponentMethods
 from radixkv.cache.keys import (
     TOKEN_BYTES,
     StatsLedger,
@@ -32,6 +34,9 @@ from radixkv.cache.leafqueue import LeafQueue
 from radixkv.cache.policy import EvictionPolicy, make_policy
 from radixkv.cache.radix_node import Node, Root, common_pages
 from radixkv.cache.sessions import SessionTable, move_anchors
+
+if TYPE_CHECKING:
+    from radixkv.cache.hybrid import ComponentOps
 
 
 def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
@@ -46,7 +51,7 @@ def _split_slots(slots: SlotArray, at: int) -> tuple[SlotArray, SlotArray]:
     return slots[:at], frozen_copy(slots[at:])
 
 
-class RadixCache:
+class RadixCache(ComponentMethods):
     """Radix-tree prefix cache; see the module docstring for invariants and DESIGN.md for the
     contract.
 
@@ -60,7 +65,12 @@ class RadixCache:
     `created` is the tick of the insert that first stored the tokens (splits inherit it).
     """
 
-    def __init__(self, page_size: int = 1, policy: str | EvictionPolicy = "lru") -> None:
+    def __init__(
+        self,
+        page_size: int = 1,
+        policy: str | EvictionPolicy = "lru",
+        components: Components | Sequence[str] | None = None,
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -73,6 +83,14 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self._stats = StatsLedger()
+        # Hybrid components (SWA, STATE, no FULL) live in radixkv.cache.hybrid; the FULL-only
+        # cache keeps `_hy = None` and never enters that code.
+        self.components = Components.parse(components)
+        self._hy: ComponentOps | None = None
+        if self.components.hybrid:
+            from radixkv.cache.hybrid import ComponentOps
+
+            self._hy = ComponentOps(self, self.components)
         self.policy.bind(self)
 
     # ---------------------------------------------------------------- lookup
@@ -91,6 +109,8 @@ class RadixCache:
         statistics, no recency or hit-count change (it may still split an edge, which changes no
         size and no eviction order).
         """
+        if self._hy is not None:
+            return self._hy.match(tokens, namespace, record)
         q = token_key(tokens)
         if record:
             self._stats.match_calls += 1
@@ -162,6 +182,8 @@ class RadixCache:
         child.ntok -= ntok
         child.parent = upper
         upper.children[child.key[: self._page_bytes]] = child
+        if self._hy is not None:
+            self._hy.on_split(upper, child, ntok)
         return upper
 
     # ---------------------------------------------------------------- insert
@@ -183,6 +205,8 @@ class RadixCache:
         `slots[floored_len:]`, which the tree never takes. `priority` raises (never lowers) the
         priority of every node on the path (used by the "priority" policy).
         """
+        if self._hy is not None:
+            raise RuntimeError("a hybrid cache takes insert_components (every component's data)")
         q = token_key(tokens)
         n = len(q) // TOKEN_BYTES
         s = slot_array(slots, n)
@@ -267,6 +291,8 @@ class RadixCache:
         needed, only its tail pages go (the leaf is split and its head stays cached, keeping
         its policy fields). Returns the freed slots (the caller frees them). O(log n) per
         evicted leaf."""
+        if self._hy is not None:
+            raise RuntimeError("a hybrid cache frees through evict_components")
         freed: list[SlotArray] = []
         count = 0
         leaves = self._leaves
@@ -367,6 +393,8 @@ class RadixCache:
         """Drop every node, locks included (their handles become stale) and return all the
         slots the tree held, for the caller to free. Statistics are cumulative and survive;
         call `reset_stats` for fresh counters."""
+        if self._hy is not None:
+            raise RuntimeError("a hybrid cache frees through reset_components")
         parts = []
         for _, node in self.iter_nodes():
             node.alive = False
@@ -384,3 +412,7 @@ class RadixCache:
         from radixkv.cache.integrity import check_radix
 
         check_radix(self)
+        if self._hy is not None:
+            from radixkv.cache.hybrid_check import check_components
+
+            check_components(self, self._hy)

@@ -40,6 +40,7 @@ class Node:
         "alive",
         "anchors",
         "children",
+        "ckpt",
         "created",
         "depth",
         "entry",
@@ -53,6 +54,7 @@ class Node:
         "priority",
         "slots",
         "sref",
+        "swa",
     )
 
     def __init__(self, key: bytes, slots: SlotArray, parent: Node | None, clock: int) -> None:
@@ -68,6 +70,10 @@ class Node:
         self.priority = 0
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
+        # Hybrid components (radixkv.cache.hybrid): SWA slot per token (-1 = tombstone) and the
+        # STATE checkpoint valid at this node's end (-1 = none). Unused by the FULL-only cache.
+        self.swa: SlotArray | None = None
+        self.ckpt = -1
         # Tokens above this edge (0 for a root's children): "head blocks are worth more".
         self.depth: int = parent.depth + parent.ntok if parent is not None else 0
         # Session references through this node (counted along the path, like `lock`, but they

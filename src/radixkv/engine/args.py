@@ -60,6 +60,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default=_D.device, help="auto | cpu | cuda[:N]")
     g.add_argument("--dtype", default=_D.dtype, help="auto | float32 | bfloat16 | float16")
     g.add_argument("--seed", type=int, default=_D.seed, help="seed for unseeded sampling")
+    g.add_argument("--swa-slots", type=int, default=None, help="hybrid: SWA KV pool in tokens")
+    g.add_argument("--state-slots", type=int, default=None, help="hybrid: STATE pool slots")
+    g.add_argument(
+        "--state-checkpoint-interval",
+        type=int,
+        default=_D.state_checkpoint_interval,
+        help="hybrid: prefill tokens between recurrent-state checkpoints (page-aligned)",
+    )
     g.add_argument(
         "--regret-window",
         type=int,
@@ -69,7 +77,44 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument(
         "--max-n", type=int, default=_D.max_n, help="max choices (n) per request; beyond it a 400"
     )
+    _add_tier_args(parser)
     return parser
+
+
+def _add_tier_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("hierarchical cache (host L2, storage L3)")
+    g.add_argument(
+        "--enable-hierarchical-cache", action="store_true", help="keep evicted prefixes in host RAM"
+    )
+    g.add_argument("--hicache-size", type=float, default=None, help="L2 MiB (default 2x device)")
+    g.add_argument(
+        "--hicache-write-policy",
+        default=_D.hicache_write_policy,
+        choices=["write_through", "write_through_selective", "write_back"],
+        help="when pages are copied to L2: on insert, on the second hit, or on L1 eviction",
+    )
+    g.add_argument("--hicache-storage-backend", default=None, choices=["file", "redis"])
+    g.add_argument(
+        "--hicache-storage-url", default=None, help="directory (file) or redis://host:port[/db]"
+    )
+    g.add_argument(
+        "--hicache-storage-prefetch-policy",
+        default=_D.hicache_storage_prefetch_policy,
+        choices=["best_effort", "wait_complete", "timeout"],
+        help="how long a request waits for its L3 pages before recomputing the rest",
+    )
+    g.add_argument(
+        "--hicache-prefetch-timeout",
+        type=float,
+        default=_D.hicache_prefetch_timeout_s,
+        help="seconds a request waits for L3 under the timeout policy",
+    )
+    g.add_argument(
+        "--hicache-storage-timeout",
+        type=float,
+        default=_D.hicache_storage_timeout_s,
+        help="timeout of every storage call, seconds",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -90,6 +135,19 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_mb * 2**20),
         max_model_len=args.max_model_len,
         seed=args.seed,
+        swa_num_slots=getattr(args, "swa_slots", None),
+        state_num_slots=getattr(args, "state_slots", None),
+        state_checkpoint_interval=getattr(
+            args, "state_checkpoint_interval", _D.state_checkpoint_interval
+        ),
         regret_window=args.regret_window,
         max_n=args.max_n,
+        enable_hierarchical_cache=args.enable_hierarchical_cache,
+        hicache_size=args.hicache_size,
+        hicache_write_policy=args.hicache_write_policy,
+        hicache_storage_backend=args.hicache_storage_backend,
+        hicache_storage_url=args.hicache_storage_url,
+        hicache_storage_prefetch_policy=args.hicache_storage_prefetch_policy,
+        hicache_prefetch_timeout_s=args.hicache_prefetch_timeout,
+        hicache_storage_timeout_s=args.hicache_storage_timeout,
     )

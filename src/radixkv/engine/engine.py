@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixkv.cache.regret import RegretWindow
-from radixkv.engine import choices, introspect, setup
+from radixkv.engine import choices, introspect, setup, tier_setup
+from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.logits import next_tokens
 from radixkv.engine.request import Request, Status
@@ -29,7 +30,8 @@ from radixkv.engine.types import (
     StreamDelta,
 )
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.pool import KVPool
+from radixkv.memory.hybrid import ModelPools
+from radixkv.memory.pool import KVPool, KVPoolConfig
 from radixkv.memory.req_table import ReqToTokenTable
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class Engine:
             overrides.setdefault("model", model)
         cfg = dataclasses.replace(cfg, **overrides)
         setup.validate_config(cfg)
+        tier_setup.validate_tier_config(cfg)
         device = setup.resolve_device(cfg.device)
         dtype = setup.resolve_dtype(cfg.dtype, device)
         # A loaded model object (anything with .model/.config/.tokenizer) is used as is.
@@ -67,21 +70,50 @@ class Engine:
                 getattr(self.tokenizer, "eos_token_ids", ()) or (),
             )
         )
-        num_slots = setup.num_slots(cfg, mc, dtype)
-        self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        spec = setup.hybrid_spec(mc, cfg)
+        self.pools: ModelPools | None = None
+        if spec is None:
+            num_slots = setup.num_slots(cfg, mc, dtype)
+            self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
+        else:
+            num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
+            self.pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
+            self.pool = self.pools.full or KVPool(  # no FULL layer: zero-layer bookkeeping pool
+                KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
+            )
         self.allocator = PageAllocator(num_slots, cfg.page_size)
         max_context = min(
             self.allocator.pages_for(self.max_model_len) * cfg.page_size, self.allocator.num_slots
         )
         self.table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
-        self.cache = setup.make_prefix_cache(cfg)
-        self.kv = KVManager(self.allocator, self.table, self.cache)
+        comps = None if spec is None else ComponentMemory.components_of(spec)
+        self.cache = setup.make_prefix_cache(cfg, comps)
+        comp = None
+        swa_table = None
+        if spec is not None and self.pools is not None:
+            if self.pools.swa is not None:
+                swa_table = ReqToTokenTable(cfg.max_running_requests, max_context, device)
+            comp = ComponentMemory(
+                spec,
+                self.pools,
+                cfg.page_size,
+                swa_table,
+                self.cache,
+                cfg.state_checkpoint_interval,
+            )
+        self.kv = KVManager(self.allocator, self.table, self.cache, comp)
+        if spec is not None and cfg.tiers_enabled:
+            raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
+        self.tiers = self.kv.tiers = tier_setup.make_tiers(cfg, self.pool, self.lm)
+        # Requests held back until their L3 prefetch lands (wait_complete / timeout policies).
+        self._prefetching: dict[str, tuple[Request, float]] = {}
+        self._tier_hits = {"device": 0, "host": 0, "storage": 0}
         self.scheduler = Scheduler(cfg, self.kv)
         if self.cache is not None and cfg.regret_window > 0:
             self.scheduler.regret = RegretWindow(
                 cfg.page_size, self.allocator.num_slots, max_requests=cfg.regret_window
             )
-        self.runner = ModelRunner(self.lm.model, self.pool, self.table)
+        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, swa_table)
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
         self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use
@@ -107,7 +139,7 @@ class Engine:
         sampling.validate()
         ids = self.tokenizer.encode(prompt_ids) if isinstance(prompt_ids, str) else prompt_ids
         ids = self._validate_prompt(ids, sampling)
-        if len(self.scheduler.waiting) >= self.config.max_queued_requests:
+        if len(self.scheduler.waiting) + len(self._prefetching) >= self.config.max_queued_requests:
             raise RequestError("too many queued requests; retry later", code=503)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
@@ -117,7 +149,7 @@ class Engine:
             seed = 0 if sampling.greedy else self._seeds.getrandbits(63)
         group = choices.make_group(self, rid, ids, sampling, options, seed)
         self._requests[rid] = group
-        self.scheduler.add(group[0])
+        self._queue(group[0])
         return rid
 
     @property
@@ -126,6 +158,28 @@ class Engine:
         if self._grammar is None:
             self._grammar = choices.make_grammar(self)
         return self._grammar
+
+    def _queue(self, req: Request) -> None:
+        """To the scheduler, or first to the prefetch hold when L3 has pages for it and the
+        policy waits for them (never longer than the policy's bound: no request hangs)."""
+        policy = self.config.hicache_storage_prefetch_policy
+        started = self.tiers is not None and self.tiers.start_prefetch(self.kv, req)
+        if not started or policy == "best_effort":
+            self.scheduler.add(req)
+        else:
+            t = self.config.hicache_prefetch_timeout_s if policy == "timeout" else 60.0
+            self._prefetching[req.request_id] = (req, time.monotonic() + t)
+
+    def _poll_tiers(self) -> None:
+        """Land finished storage I/O; admit held requests whose prefetch is done or timed out."""
+        if self.tiers is None:
+            return
+        self.tiers.poll()
+        now = time.monotonic()
+        for rid, (req, deadline) in list(self._prefetching.items()):
+            if not self.tiers.prefetch_pending(rid) or now >= deadline:
+                del self._prefetching[rid]
+                self.scheduler.add(req)
 
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
         choices.validate(sampling, self.config.max_n, self.vocab_size)
@@ -154,7 +208,7 @@ class Engine:
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or bool(self._pending)
+        return self.scheduler.has_work or bool(self._pending) or bool(self._prefetching)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its last delta (next step()) has finish_reason='abort'."""
@@ -163,6 +217,7 @@ class Engine:
             return False
         for req in group:
             if not req.finished:
+                self._prefetching.pop(req.request_id, None)
                 self.scheduler.remove(req)  # a choice not forked yet holds nothing
                 self._pending.append(self._finish(req, "abort", []))
         return True
@@ -171,7 +226,10 @@ class Engine:
     def step(self) -> list[StreamDelta]:
         """One scheduler step; deltas for requests that produced tokens or finished."""
         deltas, self._pending = self._pending, []
+        self._poll_tiers()
         sched = self.scheduler.schedule()
+        if sched.empty and self._prefetching and self.tiers is not None:
+            self.tiers.poll(timeout=0.005)  # only held prefetches left: wait briefly, no spin
         if sched.empty:
             if self.scheduler.waiting and not self.scheduler.running:
                 # Unreachable while admission checks hold (every queued request fits the
@@ -203,6 +261,8 @@ class Engine:
         self._generated_total += 1
         if req.first_token_time is None:
             req.first_token_time = now
+            if req.index == 0:  # as the scheduler's totals: forks add no prompt tokens
+                self._count_tier_hits(req)
         sp = req.sampling
         reason: FinishReason | None = None
         if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in self.eos_token_ids):
@@ -226,6 +286,8 @@ class Engine:
         req.sent_tokens = req.num_output
         group = self._requests.get(req.request_id, [])
         last = all(c.finished for c in group)
+        if self.tiers is not None:
+            self.tiers.forget(req)
         if last:
             self._requests.pop(req.request_id, None)
             self._finished_total += 1
@@ -254,6 +316,22 @@ class Engine:
             index=req.index,
             logprobs=lps,
         )
+
+    def _count_tier_hits(self, req: Request) -> None:
+        """Split the request's cached prompt tokens by the tier they came from."""
+        host, storage = self.tiers.loaded_split(req) if self.tiers else (0, 0)
+        host, storage = min(host, req.cached_tokens), min(storage, req.cached_tokens - host)
+        self._tier_hits["device"] += req.cached_tokens - host - storage
+        self._tier_hits["host"] += host
+        self._tier_hits["storage"] += storage
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Clean shutdown: flush pending L3 writes (bounded) and stop the storage threads; True
+        when nothing was left unwritten. The engine must not be stepped afterwards."""
+        if self.tiers is None:
+            return True
+        timeout = self.config.hicache_flush_timeout_s if timeout_s is None else timeout_s
+        return self.tiers.close(self.kv.tree_pages(), timeout)
 
     # -- blocking helpers ----------------------------------------------------------------------
     def generate(
@@ -313,7 +391,7 @@ class Engine:
         s = self.scheduler
         return EngineMetrics(
             running_requests=len(s.running),
-            waiting_requests=len(s.waiting),
+            waiting_requests=len(s.waiting) + len(self._prefetching),
             pool_slots=self.allocator.num_slots,
             free_slots=self.allocator.free_slots,
             cached_tokens_in_tree=self.cache.total_size if self.cache is not None else 0,
@@ -323,10 +401,25 @@ class Engine:
             generated_tokens_total=self._generated_total,
             num_preemptions=s.num_preemptions,
             finished_requests=self._finished_total,
+            component_pools=self._component_pools(),
+            cached_tokens_by_tier=dict(self._tier_hits),
+            tier_stats=self.tiers.stats() if self.tiers is not None else {},
             prefill_tokens_total=s.prefill_tokens_total,
             forked_choices_total=self._forked_total,
             **self._window_fields(),
         )
+
+    def _component_pools(self) -> dict[str, dict[str, int]]:
+        """Size / free / cached / held slots per pool (FULL always; SWA and STATE if any)."""
+        free, cached, held = self.kv.census(self.scheduler.running)
+        out = {
+            "full": {"size": self.allocator.num_slots, "free": free, "cached": cached, "held": held}
+        }
+        if self.pools is not None and self.pools.full is None:
+            out["full"]["virtual"] = 1  # no FULL layer: token bookkeeping slots, no tensor
+        if self.kv.comp is not None:
+            out.update(self.kv.comp.census(self.scheduler.running))
+        return out
 
     def _window_fields(self) -> dict[str, Any]:
         r = self.scheduler.regret

@@ -26,7 +26,7 @@ MAX_LISTED_REQUESTS = 200
 def memory_census(engine: Engine) -> list[dict[str, Any]]:
     """One entry per KV pool: free + cached + held == slots (the census the tests check)."""
     free, cached, held = engine.kv.census(engine.scheduler.running)
-    return [
+    pools = [
         {
             "name": "kv",
             "label": f"KV pool ({engine.device})",
@@ -37,17 +37,37 @@ def memory_census(engine: Engine) -> list[dict[str, Any]]:
             "held": held,
         }
     ]
+    tiers = getattr(engine, "tiers", None)
+    if tiers is not None:  # the host (L2) pool: held = pinned by storage writes / prefetches
+        ps = engine.config.page_size
+        hfree, hcached, hheld = tiers.index.census()
+        pools.append(
+            {
+                "name": "host",
+                "label": "Host pool (L2)",
+                "slots": tiers.index.num_pages * ps,
+                "page_size": ps,
+                "free": hfree * ps,
+                "cached": hcached * ps,
+                "held": hheld * ps,
+            }
+        )
+    return pools
 
 
 def hit_counters(engine: Engine) -> dict[str, dict[str, int]]:
     """Cumulative (cached, prompt) token counters per hit-rate series."""
     s = engine.scheduler
-    return {
+    out = {
         "total": {
             "cached_tokens": s.cached_prompt_tokens_total,
             "prompt_tokens": s.prompt_tokens_total,
         }
     }
+    if getattr(engine, "tiers", None) is not None:  # one series per tier the hits came from
+        for tier, n in engine.metrics().cached_tokens_by_tier.items():
+            out[tier] = {"cached_tokens": n, "prompt_tokens": s.prompt_tokens_total}
+    return out
 
 
 def _request_row(req: Request, state: str, key: bytes, now: float) -> dict[str, Any]:

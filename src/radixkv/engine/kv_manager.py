@@ -6,26 +6,46 @@ Census invariant, after every public call:
         == allocator.num_slots
 Each page has exactly one owner. A running request's positions [0, prefix_len) are cache-owned
 (locked through `handle`), [prefix_len, capacity) are its `own_pages`.
+
+Hybrid models (SWA / STATE components) add `comp` (engine/components_kv.py), which owns those
+pools' bookkeeping; the cache is then a RadixCache with the same components, and every call
+that moves data in or out of the tree goes through its *_components methods.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from radixkv.cache.base import PrefixCache
+from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
 
+if TYPE_CHECKING:
+    from radixkv.engine.tiers import TierManager
+
 
 class KVManager:
     def __init__(
-        self, allocator: PageAllocator, table: ReqToTokenTable, cache: PrefixCache | None
+        self,
+        allocator: PageAllocator,
+        table: ReqToTokenTable,
+        cache: PrefixCache | None,
+        comp: ComponentMemory | None = None,
     ) -> None:
         self.allocator = allocator
         self.table = table
         self.cache = cache
         self.page_size = allocator.page_size
+        self.comp = comp
+        if comp is not None:
+            comp.full_alloc = allocator
+        self._swa_prefix: dict[int, Any] = {}  # id(req) -> matched SWA slots, until bind
+        # Host/storage tiers (engine/tiers.py); hooks: on_insert, on_evict, on_l1_hit, extend.
+        self.tiers: TierManager | None = None
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -38,10 +58,22 @@ class KVManager:
         pages = self.allocator.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
             short = num_pages - self.allocator.free_pages
-            evicted = self.cache.evict(short * self.page_size)
-            self.allocator.free_slots_of_pages(evicted)
+            if self.comp is not None:
+                self._evict_full(short * self.page_size)
+            else:
+                evicted = self.cache.evict(short * self.page_size)
+                if self.tiers is not None:  # write_back demotes before the slots are freed
+                    self.tiers.on_evict(evicted)
+                self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
+
+    def _evict_full(self, num_tokens: int) -> None:
+        assert self.cache is not None
+        if self.comp is None:
+            self.allocator.free_slots_of_pages(self.cache.evict(num_tokens))
+            return
+        self.comp._free(self.cache.evict_components(full_tokens=num_tokens))  # type: ignore[attr-defined]
 
     @staticmethod
     def capacity(req: Request, page_size: int) -> int:
@@ -57,12 +89,24 @@ class KVManager:
         if m.length > 0:
             self.cache.lock(m.handle)
             req.handle = m.handle
-        return m.length, np.asarray(m.slots[: m.length], dtype=np.int64)
+        if self.comp is not None:
+            self.comp.on_match(req, m)
+            self._swa_prefix[id(req)] = m.swa_slots
+        slots = np.asarray(m.slots[: m.length], dtype=np.int64)
+        if self.tiers is None:
+            return m.length, slots
+        self.tiers.on_l1_hit(slots)
+        return self.tiers.extend(self, req, m.length, slots)
+
+    def reserve_components(self, req: Request) -> bool:
+        """Hybrid: take what a request needs besides FULL pages before it is bound."""
+        return self.comp is None or self.comp.reserve(req)
 
     def unlock(self, req: Request) -> None:
         if req.handle is not None and self.cache is not None:
             self.cache.unlock(req.handle)
         req.handle = None
+        self._swa_prefix.pop(id(req), None)
 
     def bind(
         self, req: Request, prefix_len: int, prefix_slots: np.ndarray, pages: list[int]
@@ -72,18 +116,33 @@ class KVManager:
         self.table.write(row, 0, prefix_slots)
         self.table.write(row, prefix_len, self.allocator.page_slots(pages))
         req.row, req.prefix_len, req.kv_len, req.own_pages = row, prefix_len, prefix_len, pages
+        if self.comp is not None:
+            self.comp.bind(req, prefix_len, self._swa_prefix.pop(id(req), None))
 
     def grow(self, req: Request, new_len: int) -> bool:
         """Make sure positions < new_len have slots; False (nothing changed) if out of memory."""
         cap = self.capacity(req, self.page_size)
-        if new_len <= cap:
+        if new_len <= cap and self.comp is None:
             return True
-        pages = self.alloc(self.allocator.pages_for(new_len - cap))
-        if pages is None:
-            return False
-        self.table.write(req.row, cap, self.allocator.page_slots(pages))
-        req.own_pages.extend(pages)
-        return True
+        if new_len > cap:
+            pages = self.alloc(self.allocator.pages_for(new_len - cap))
+            if pages is None:
+                return False
+            self.table.write(req.row, cap, self.allocator.page_slots(pages))
+            req.own_pages.extend(pages)
+        return self.comp is None or self.comp.ensure(req, new_len)
+
+    def prepare_chunk(self, req: Request, n: int) -> bool:
+        """Hybrid: the SWA slots of the next `n` tokens (FULL pages come at admission)."""
+        return self.comp is None or self.comp.ensure(req, req.kv_len + n)
+
+    def chunk_cap(self, req: Request) -> int:
+        """Hybrid STATE: the longest prefill chunk that stops on the next checkpoint boundary."""
+        return req.pending if self.comp is None else self.comp.chunk_cap(req)
+
+    def after_step(self, req: Request, was_prefill: bool) -> None:
+        if self.comp is not None:
+            self.comp.after_step(req, was_prefill)
 
     def fork(self, parent: Request, child: Request) -> tuple[np.ndarray, np.ndarray] | None:
         """Give `child` the parent's computed context [0, parent.kv_len) without recomputing it.
@@ -94,7 +153,9 @@ class KVManager:
         pages of the child's own. Returns (src, dst) slots whose K/V the caller copies, or None
         (nothing changed) when no row or pages are free.
         """
-        if self.table.free_rows == 0:
+        if self.table.free_rows == 0 or self.comp is not None:
+            # Hybrid: a fork would also need its own SWA pages and a copy of the working state;
+            # the child is admitted like any request instead (it hits the parent's prefix).
             return None
         ps = self.page_size
         pre, kv_len = parent.prefix_len, parent.kv_len
@@ -114,14 +175,29 @@ class KVManager:
         )
 
     # -- handing computed KV to the cache -----------------------------------------------------
-    def _insert(self, req: Request, aligned: int) -> int:
+    def _insert(self, req: Request, aligned: int, finishing: bool = False) -> int:
         """Insert tokens[:aligned] with their slots; free our duplicate pages; return how many
         leading pages of `own_pages` the cache now owns or were freed (the tree adopted them)."""
         assert self.cache is not None
         slots = self.table.get_numpy(req.row, 0, aligned)
-        cached = self.cache.insert(
-            req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
-        )
+        if self.comp is None:
+            cached = self.cache.insert(
+                req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
+            )
+        else:
+            out = self.cache.insert_components(  # type: ignore[attr-defined]
+                req.tokens[:aligned],
+                slots,
+                self.comp.swa_row(req, aligned),
+                self.comp.checkpoints_for(req, aligned, finishing),
+                req.namespace,
+                req.options.priority,
+                req.prefix_len,
+            )
+            cached = out.cached
+            self.comp.after_insert(req, out, aligned)
+        if self.tiers is not None:
+            self.tiers.on_insert(req, slots, cached, aligned)
         if cached < req.prefix_len:
             raise RuntimeError(
                 f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
@@ -148,7 +224,10 @@ class KVManager:
         if aligned <= req.prefix_len:
             return
         handed = self._insert(req, aligned)
-        m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
+        if self.comp is None:
+            m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
+        else:
+            m = self.cache.match_path(req.tokens[:aligned], req.namespace)  # type: ignore[attr-defined]
         if m.length != aligned:
             raise RuntimeError(f"prefix just inserted ({aligned}) matched only {m.length}")
         self.cache.lock(m.handle)
@@ -156,6 +235,8 @@ class KVManager:
         req.handle = m.handle
         # The duplicate range now reads the tree's slots (same tokens, same positions → same KV).
         self.table.write(req.row, 0, np.asarray(m.slots[:aligned], dtype=np.int64))
+        if self.comp is not None:
+            self.comp.rewrite_prefix(req, m, aligned)
         req.own_pages = req.own_pages[handed:]
         req.prefix_len = aligned
 
@@ -166,10 +247,12 @@ class KVManager:
         if self.cache is not None:
             aligned = req.kv_len // self.page_size * self.page_size
             if aligned > req.prefix_len:
-                handed = self._insert(req, aligned)
+                handed = self._insert(req, aligned, finishing=True)
             self._hold_session(req, aligned)
         if handed < len(req.own_pages):
             self.allocator.free_page_ids(req.own_pages[handed:])
+        if self.comp is not None:
+            self.comp.release(req)
         self.unlock(req)
         self.table.free_row(req.row)
         req.row, req.kv_len, req.prefix_len, req.own_pages = -1, 0, 0, []
@@ -195,10 +278,22 @@ class KVManager:
         """Drop every unlocked cached prefix (everything, when no request holds a lock)."""
         if self.cache is None:
             return
-        if idle:
+        if self.comp is not None:
+            c: Any = self.cache
+            everything = 1 << 62
+            freed = c.reset_components() if idle else c.evict_components(everything, everything)
+            self.comp._free(freed)
+            if not idle:
+                self.comp._free(c.evict_components(checkpoints=everything))
+        elif idle:
             self.allocator.free_slots_of_pages(self.cache.reset())
         else:
-            self.allocator.free_slots_of_pages(self.cache.evict(self.cache.evictable_size))
+            evicted = self.cache.evict(self.cache.evictable_size)
+            if self.tiers is not None:
+                self.tiers.on_evict(evicted, demote=False)
+            self.allocator.free_slots_of_pages(evicted)
+        if self.tiers is not None:
+            self.tiers.flush(device_reset=idle)
 
     def census(self, running: list[Request]) -> tuple[int, int, int]:
         """(free, cached-in-tree, held-by-running) slot counts."""
@@ -224,5 +319,15 @@ class KVManager:
             cap = self.capacity(r, self.page_size)
             if not r.prefix_len <= r.kv_len <= cap or self.table.capacity(r.row) < cap:
                 raise RuntimeError(f"request {r.request_id} has inconsistent lengths")
+        if self.comp is not None:
+            self.comp.check(running)
         if self.cache is not None:
             self.cache.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check(self.tree_pages())
+
+    def tree_pages(self) -> set[int]:
+        """Device pages the cache owns now (O(tree): for checks and shutdown)."""
+        if self.cache is None:
+            return set()
+        return {int(p) for p in self.allocator.slots_to_pages(self.cache.cached_slots())}

@@ -18,11 +18,21 @@ class ForwardModel(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, model: ForwardModel | Any, pool: KVPool, table: ReqToTokenTable) -> None:
+    def __init__(
+        self,
+        model: ForwardModel | Any,
+        pool: KVPool,
+        table: ReqToTokenTable,
+        pools: Any = None,
+        swa_table: ReqToTokenTable | None = None,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.table = table
         self.device = torch.device(pool.config.device)
+        # Hybrid models: the ModelPools handed to the model, and the SWA slot table.
+        self.pools = pools
+        self.swa_table = swa_table
 
     def build(self, sched: ScheduledBatch) -> ForwardBatch:
         ids: list[int] = []
@@ -31,13 +41,29 @@ class ModelRunner:
             end = req.kv_len + n
             ids.extend(req.tokens[req.kv_len : end])
             contexts.append(self.table.get(req.row, 0, end))
-        return ForwardBatch.from_contexts(ids, contexts, sched.extend_lens, device=self.device)
+        if self.pools is None:
+            return ForwardBatch.from_contexts(ids, contexts, sched.extend_lens, device=self.device)
+        swa = None
+        if self.swa_table is not None:
+            swa = [
+                self.swa_table.get(r.row, 0, r.kv_len + n)
+                for r, n in zip(sched.reqs, sched.extend_lens, strict=True)
+            ]
+        state = [r.state_slot for r in sched.reqs] if self.pools.state is not None else None
+        return ForwardBatch.from_contexts(
+            ids,
+            contexts,
+            sched.extend_lens,
+            device=self.device,
+            swa_context_slots=swa,
+            state_slots=state,
+        )
 
     def forward(self, sched: ScheduledBatch) -> torch.Tensor:
         """Logits [R, vocab] of each request's last new token."""
         batch = self.build(sched)
         with torch.inference_mode():
-            logits = self.model(batch, self.pool)
+            logits = self.model(batch, self.pool if self.pools is None else self.pools)
         if logits.shape[0] != batch.num_requests:
             raise RuntimeError(
                 f"model returned {logits.shape[0]} logit rows for {batch.num_requests} requests"

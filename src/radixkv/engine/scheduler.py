@@ -93,21 +93,35 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         self._grow_decodes()
+        batch = self._build()
+        # Hybrid SWA pools can leave every running prefill without room for its next chunk;
+        # retracting the newest frees its share (a lone request always fits the pool).
+        while batch.empty and len(self.running) > 1:
+            self.retract(self.running[-1])
+            batch = self._build(admit=False)  # the retracted one waits for the next step
+        return batch
+
+    def _build(self, admit: bool = True) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.chunked_prefill_size
         for req in self.running:
             if req.pending == 1:
                 batch.add(req, 1)
             elif budget > 0:
-                n = min(req.pending, budget)
-                budget -= n
-                batch.add(req, n)
-        if budget > 0:
+                budget -= self._add_chunk(batch, req, budget)
+        if budget > 0 and admit:
             for req in self._admit(budget):
-                n = min(req.pending, budget)
-                budget -= n
-                batch.add(req, n)
+                budget -= self._add_chunk(batch, req, budget)
         return batch
+
+    def _add_chunk(self, batch: ScheduledBatch, req: Request, budget: int) -> int:
+        """Schedule a prefill chunk of `req` (cut at the next STATE checkpoint boundary, with
+        its SWA slots); returns the tokens taken from the budget (0: skipped this step)."""
+        n = min(req.pending, budget, self.kv.chunk_cap(req))
+        if not self.kv.prepare_chunk(req, n):
+            return 0
+        batch.add(req, n)
+        return n
 
     def after_forward(self, batch: ScheduledBatch) -> None:
         """Advance kv_len; hand finished prefill pages to the cache (moving the lock)."""
@@ -117,6 +131,7 @@ class Scheduler:
             req.kv_len += n
             if was_prefill:
                 self.kv.commit_prefix(req)
+            self.kv.after_step(req, was_prefill)
 
     def adopt(self, req: Request) -> None:
         """Run a choice forked from a running request (its memory is already bound)."""
@@ -218,6 +233,9 @@ class Scheduler:
         need = kv.allocator.pages_for(len(req.tokens)) - prefix_len // self.page_size
         reserve = self._reserve_pages(req, len(req.tokens)) if self.running else 0
         pages = kv.alloc(need) if need + reserve <= kv.available_pages() else None
+        if pages is not None and not kv.reserve_components(req):
+            kv.allocator.free_page_ids(pages)
+            pages = None
         if pages is None:
             kv.unlock(req)
             return False

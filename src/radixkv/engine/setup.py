@@ -35,6 +35,8 @@ def validate_config(cfg: EngineConfig) -> None:
         raise ValueError("chunked_prefill_size must be >= 1")
     if cfg.max_running_requests < 1 or cfg.max_queued_requests < 0:
         raise ValueError("max_running_requests must be >= 1, max_queued_requests >= 0")
+    if cfg.state_checkpoint_interval < 1:
+        raise ValueError("state_checkpoint_interval must be >= 1")
     if cfg.max_n < 1:
         raise ValueError("max_n must be >= 1")
     if cfg.num_slots is not None and cfg.num_slots < cfg.page_size:
@@ -83,13 +85,61 @@ def num_slots(cfg: EngineConfig, model_config: Any, dtype: torch.dtype) -> int:
     return n
 
 
-def make_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
+def make_prefix_cache(cfg: EngineConfig, components: Any = None) -> PrefixCache | None:
+    """The prefix cache; a hybrid model's `components` (cache.components.Components) need the
+    radix tree, which holds every component on one tree."""
     if not cfg.prefix_cache_enabled:
         return None
-    from radixkv.cache import make_cache
+    from radixkv.cache import RadixCache, make_cache
 
+    if components is not None and components.hybrid:
+        if cfg.cache != "radix":
+            raise ValueError(f"hybrid models need --cache radix (got {cfg.cache!r})")
+        return RadixCache(cfg.page_size, cfg.eviction_policy, components)
     cache: PrefixCache = make_cache(cfg.cache, cfg.page_size, cfg.eviction_policy)
     return cache
+
+
+def hybrid_spec(model_config: Any, cfg: EngineConfig | None = None) -> Any:
+    """The model's PoolSpec when it needs SWA or STATE pools, else None (FULL-only path).
+
+    A model without FULL layers (Mistral: every layer sliding) still gets a FULL allocator and
+    FULL slots in the tree, but over a pool of zero layers: they are token bookkeeping only (the
+    tree's leaf-first eviction and the request table run on them), the K/V lives in SWA."""
+    get = getattr(model_config, "pool_spec", None)
+    spec = get() if callable(get) else None
+    if spec is None or not (spec.has_swa or spec.has_state):
+        return None
+    if cfg is not None and cfg.cache != "radix" and not spec.has_full and not spec.has_state:
+        # An all-sliding model with a cache that has no components (blockhash): the old path,
+        # every layer's K/V in one FULL pool with the window applied by attention.
+        return None
+    return spec
+
+
+def hybrid_sizes(cfg: EngineConfig, spec: Any, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(FULL slots, SWA slots, STATE slots) of a hybrid model's pools, whole pages."""
+    ps = cfg.page_size
+    full = cfg.num_slots
+    full_b, swa_b = spec.kv_bytes_per_token(dtype)
+    if full is None:
+        full = max(1, cfg.kv_cache_bytes // (full_b + swa_b))
+    swa = cfg.swa_num_slots if cfg.swa_num_slots is not None else full
+    if not spec.has_full and cfg.num_slots is None:
+        full = 8 * swa  # virtual FULL slots (no tensor): how many tokens can be tracked
+    state = cfg.state_num_slots
+    if state is None:
+        state = 2 * cfg.max_running_requests + 32
+    full, swa = full // ps * ps, swa // ps * ps
+    if full < ps:
+        raise ValueError("the KV budget does not hold a single page")
+    if spec.has_swa:
+        least = -(-(spec.swa_window + cfg.chunked_prefill_size) // ps) * ps + 2 * ps
+        if swa < least:
+            raise ValueError(f"the SWA pool needs at least {least} slots (window + one chunk)")
+    if spec.has_state and state < 2:
+        raise ValueError("the STATE pool needs at least 2 slots")
+    return full, swa, state
 
 
 def normalize_prompts(prompts: Any) -> list[str | list[int]]:

@@ -27,7 +27,7 @@ thread and hands requests in through a thread-safe queue.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -177,6 +177,9 @@ class EngineMetrics:
     generated_tokens_total: int
     num_preemptions: int
     finished_requests: int
+    # Per component pool ("full", "swa", "state"): size, free, cached (in the tree), held (by
+    # running requests), all in slots; only the components the model has.
+    component_pools: dict[str, dict[str, int]] = field(default_factory=dict)
     # Live regret over the recent window (see radixkv.cache.regret): the cache's token hit rate
     # and Belady's at the same capacity, from the last periodic computation.
     window_requests: int = 0
@@ -185,6 +188,11 @@ class EngineMetrics:
     # Prompt positions whose K/V the model computed (not served by the cache nor by a fork).
     prefill_tokens_total: int = 0
     forked_choices_total: int = 0  # choices of n > 1 requests that forked from a prefill
+    # Hierarchical cache: prompt tokens served per tier (first admission; device = L1 tree hit,
+    # host = loaded from L2, storage = fetched from L3; all device without tiers), and the
+    # tiers' own figures (host pool census in pages, storage health, I/O); empty without tiers.
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    tier_stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def token_hit_rate(self) -> float:
@@ -218,8 +226,26 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024
     max_model_len: int | None = None  # None → the model's max_position_embeddings
     seed: int = 0
+    # Hybrid models (SWA / STATE components; ignored otherwise).
+    swa_num_slots: int | None = None  # SWA KV pool in tokens; None → same as the FULL pool
+    state_num_slots: int | None = None  # STATE pool slots; None → 2 per running request + 32
+    state_checkpoint_interval: int = 256  # prefill tokens between STATE checkpoints (page-rounded)
     regret_window: int = 2048  # requests in the live-regret window (0: off)
     max_n: int = 16  # cap on choices per request (n); beyond it a 400
+    # Hierarchical cache (host L2, storage L3); names follow SGLang's HiCache flags.
+    enable_hierarchical_cache: bool = False
+    hicache_size: float | None = None  # L2 size in MiB; None → 2× the device pool
+    hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
+    hicache_storage_backend: str | None = None  # None (no L3) | file | redis
+    hicache_storage_url: str | None = None  # a directory (file) or redis://host:port[/db]
+    hicache_storage_prefetch_policy: str = "best_effort"  # | wait_complete | timeout
+    hicache_prefetch_timeout_s: float = 2.0  # `timeout` policy: wait at most this per request
+    hicache_storage_timeout_s: float = 1.0  # every storage call (Redis socket timeout)
+    hicache_flush_timeout_s: float = 10.0  # clean shutdown: pending L3 writes get this long
+
+    @property
+    def tiers_enabled(self) -> bool:
+        return self.enable_hierarchical_cache or self.hicache_storage_backend is not None
 
     @property
     def prefix_cache_enabled(self) -> bool:

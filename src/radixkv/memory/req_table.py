@@ -41,6 +41,14 @@ class ReqToTokenTable:
         self._capacity[row] = 0
         return row
 
+    def alloc_row_at(self, row: int) -> None:
+        """Take a specific free row (a second table kept row-aligned with a first one)."""
+        if self._in_use[row]:
+            raise RuntimeError(f"row {row} is already in use")
+        self._free_rows.remove(row)
+        self._in_use[row] = True
+        self._capacity[row] = 0
+
     def free_row(self, row: int) -> None:
         if not self._in_use[row]:
             raise RuntimeError(f"row {row} freed twice")

@@ -108,6 +108,11 @@ def _serve(
         tx.send(data)
 
     fatal = EngineCore(engine).run(recv, emit, stop.is_set)
+    if hasattr(engine, "close"):  # e.g. flush pending L3 writes (bounded) before exiting
+        try:
+            engine.close()
+        except Exception:
+            log.exception("closing the engine failed")
     return 0 if fatal is None else 1
 
 

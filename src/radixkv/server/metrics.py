@@ -50,6 +50,17 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"radixkv_{name}", doc, value=float(value))
+        if m.component_pools:
+            pools = GaugeMetricFamily(
+                "radixkv_component_pool_slots",
+                "Slots of each memory component's pool (full, swa, state) by owner: "
+                "size, free, cached (held by the tree), held (by running requests)",
+                labels=["pool", "owner"],
+            )
+            for pool, row in sorted(m.component_pools.items()):
+                for owner, value in sorted(row.items()):
+                    pools.add_metric([pool, owner], float(value))
+            yield pools
         counters = {
             "prompt_tokens": ("Prompt tokens of admitted requests", m.prompt_tokens_total),
             "cached_prompt_tokens": (
@@ -62,6 +73,24 @@ class _EngineCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"radixkv_{name}", doc, value=float(value))
+        yield from _tier_metrics(m)
+
+
+def _tier_metrics(m: EngineMetrics) -> Iterable[Metric]:
+    """Hierarchical cache: cached prompt tokens by tier, host pool census, storage health."""
+    if m.cached_tokens_by_tier:
+        fam = CounterMetricFamily(
+            "radixkv_cached_prompt_tokens_by_tier",
+            "Prompt tokens served from the cache, by the tier they came from",
+            labels=["tier"],
+        )
+        for tier, value in sorted(m.cached_tokens_by_tier.items()):
+            fam.add_metric([tier], float(value))
+        yield fam
+    for name, value in sorted(m.tier_stats.items()):
+        yield GaugeMetricFamily(
+            f"radixkv_hicache_{name}", f"Hierarchical cache: {name}", value=value
+        )
 
 
 class ServerMetrics:

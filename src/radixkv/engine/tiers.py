@@ -1,0 +1,385 @@
+"""The hierarchical cache: host memory (L2) and storage (L3) beside the radix tree (L1).
+
+The tiers are indexed by chained page hashes (`radixkv.cache.tiers`), so the tree only needs
+two hooks, both in KVManager: pages the tree adopted (`on_insert`) and pages it evicted
+(`on_evict`, before they are freed). Page flow:
+
+- write_through: every page the tree adopts is copied to L2 at once; write_through_selective:
+  on its first L1 hit (its second use); write_back: when L1 evicts it. Copies to L2 are
+  synchronous, so a page leaves L1 only with its L2 copy complete. With L3, each new L2 page is
+  also written to storage; the L2 page is pinned (not evictable) until the write is confirmed.
+- match: after the L1 match, `extend` continues page by page through L2, loads those pages into
+  fresh device pages and inserts them into the tree (locked for the request) before the forward.
+- L3: `start_prefetch` (at arrival) fetches the pages past L1/L2 on the storage thread; verified
+  payloads land in L2 when the engine polls, where `extend` finds them. What has not arrived by
+  admission (per the prefetch policy) is recomputed.
+
+Device map invariant: `_dev_hash[p]` exists only for device pages the tree owns (adopted on
+insert, dropped on evict/reset), so a slot is never copied after it was freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from radixkv.cache.tiers import HostIndex, chain_hashes, namespace_seed
+from radixkv.engine.request import Request
+from radixkv.memory.host_pool import HostKVPool
+from radixkv.memory.pool import KVPool
+from radixkv.storage import PageMeta, make_backend
+from radixkv.storage.worker import FetchDone, StorageWorker, WriteDone
+
+if TYPE_CHECKING:
+    from radixkv.engine.kv_manager import KVManager
+
+log = logging.getLogger(__name__)
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+MAX_PREFETCH_PAGES = 4096
+
+
+@dataclass
+class TierCounters:
+    host_hit_tokens: int = 0  # loaded L2 -> L1 (pages that were copied down from L1)
+    storage_hit_tokens: int = 0  # loaded L2 -> L1 (pages that came up from L3)
+    host_saved_pages: int = 0
+    prefetch_started: int = 0
+    prefetch_pages: int = 0
+
+
+class TierManager:
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        page_size: int,
+        host_pages: int,
+        write_policy: str,
+        fingerprint: str,
+        storage: tuple[str, str] | None = None,
+        storage_timeout_s: float = 1.0,
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"unknown write policy {write_policy!r} ({', '.join(WRITE_POLICIES)})")
+        self.page_size = page_size
+        self.write_policy = write_policy
+        self.fingerprint = fingerprint
+        self.host = HostKVPool(kv_pool, host_pages, page_size)
+        self.index = HostIndex(host_pages)
+        self.counters = TierCounters()
+        self._dev_hash: dict[int, bytes] = {}
+        # Per choice (the n choices of one request share its id but not their outputs):
+        self._hashes: dict[tuple[str, int], list[bytes]] = {}  # chained page hashes so far
+        self._loaded: dict[tuple[str, int], list[int]] = {}  # [host, storage] tokens loaded
+        self._fetching: dict[int, tuple[str, list[bytes]]] = {}  # fetch id -> (request, hashes)
+        # Host pages a request's prefetch landed, pinned (held) until its match used them.
+        self._req_pins: dict[str, list[int]] = {}
+        self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
+        self._fetch_ids = 0
+        self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
+        self.worker: StorageWorker | None = None
+        if storage is not None:
+            meta = PageMeta(
+                fingerprint=fingerprint,
+                dtype=str(kv_pool.config.dtype).removeprefix("torch."),
+                num_layers=kv_pool.config.num_layers,
+                page_size=page_size,
+                shape=self.host.page_shape,
+                length=self.host.page_bytes,
+            )
+            self.worker = StorageWorker(make_backend(*storage, timeout_s=storage_timeout_s), meta)
+
+    # -- hashes --------------------------------------------------------------------------------
+    def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
+        """Chained hashes of the whole pages of req.tokens[:num_tokens] (cached, extended)."""
+        have = self._hashes.get(_key(req), [])
+        need = num_tokens // self.page_size
+        if len(have) < need:
+            seed = namespace_seed(self.fingerprint, req.namespace)
+            have = chain_hashes(req.tokens[: need * self.page_size], self.page_size, seed, have)
+            self._hashes[_key(req)] = have
+        return have[:need]
+
+    def forget(self, req: Request) -> None:
+        """`req` (one choice) finished: drop its bookkeeping."""
+        self._hashes.pop(_key(req), None)
+        self._loaded.pop(_key(req), None)
+        self._req_fetch.pop(req.request_id, None)
+        self._unpin_request(req.request_id)
+
+    def _unpin_request(self, request_id: str) -> None:
+        for hp in self._req_pins.pop(request_id, []):
+            self.index.unpin(hp)
+
+    def loaded_split(self, req: Request) -> tuple[int, int]:
+        """(host, storage) prompt tokens this choice loaded from the lower tiers; forgets it."""
+        host, storage = self._loaded.pop(_key(req), [0, 0])
+        return host, storage
+
+    # -- tree hooks (called by KVManager) ------------------------------------------------------
+    def on_insert(self, req: Request, slots: np.ndarray, cached: int, aligned: int) -> None:
+        """The tree adopted slots[cached:aligned] for req.tokens[cached:aligned]."""
+        if aligned <= cached:
+            return
+        ps = self.page_size
+        hs = self.hashes(req, aligned)[cached // ps : aligned // ps]
+        pages = [int(s) // ps for s in slots[cached:aligned:ps]]
+        for p, h in zip(pages, hs, strict=True):
+            self._dev_hash[p] = h
+        if self.write_policy == "write_through":
+            self._save(pages, hs)
+
+    def on_l1_hit(self, slots: np.ndarray) -> None:
+        """write_through_selective: pages used a second time (an L1 hit) get their L2 copy."""
+        if self.write_policy != "write_through_selective" or not len(slots):
+            return
+        pages = [int(s) // self.page_size for s in slots[:: self.page_size]]
+        todo = [(p, self._dev_hash[p]) for p in pages if p in self._dev_hash]
+        todo = [(p, h) for p, h in todo if self.index.lookup(h, touch=False) is None]
+        if todo:
+            self._save([p for p, _ in todo], [h for _, h in todo])
+
+    def on_evict(self, slots: np.ndarray, demote: bool = True) -> None:
+        """L1 is about to free these slots (whole pages): write_back copies them down first
+        (`demote=False`: a flush, nothing is copied)."""
+        pages = [int(s) // self.page_size for s in np.asarray(slots)[:: self.page_size]]
+        hashed = [(p, self._dev_hash.pop(p)) for p in pages if p in self._dev_hash]
+        if demote and self.write_policy == "write_back" and hashed:
+            self._save([p for p, _ in hashed], [h for _, h in hashed])
+
+    def _save(self, dev_pages: list[int], hashes: list[bytes]) -> None:
+        """Copy device pages to L2 (those not there yet, as many as fit) and queue L3 writes."""
+        todo = [
+            (p, h) for p, h in zip(dev_pages, hashes, strict=True) if self.index.lookup(h) is None
+        ]
+        n = min(len(todo), self.index.free_pages + self.index.cached_pages)
+        if n == 0:
+            return
+        todo = todo[:n]
+        host_pages = self.index.alloc(n)
+        assert host_pages is not None
+        self.host.save([p for p, _ in todo], host_pages)
+        for hp, (_, h) in zip(host_pages, todo, strict=True):
+            self.index.add(h, hp)
+            self._write_l3(hp, h)
+        self.counters.host_saved_pages += n
+
+    def _write_l3(self, hp: int, h: bytes) -> None:
+        if self.worker is None or h in self._stored:
+            return
+        self.index.pin(hp)  # unpinned when the write is confirmed or fails (poll)
+        host = self.host
+        if not self.worker.submit_write((hp, h), h.hex(), lambda: host.page_payload(hp)):
+            self.index.unpin(hp)
+
+    # -- match through the tiers ---------------------------------------------------------------
+    def extend(
+        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        """Continue a locked L1 match of req through L2: load the following pages found in the
+        host index into fresh device pages, insert them into the tree, move req's lock onto the
+        longer prefix. Returns the new (length, slots); unchanged when nothing was found."""
+        try:
+            return self._extend(kv, req, length, slots)
+        finally:
+            self._unpin_request(req.request_id)  # its prefetched pages have served their turn
+
+    def _extend(
+        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        ps = self.page_size
+        n_pages = (len(req.tokens) - 1) // ps
+        start = length // ps
+        if start >= n_pages or kv.cache is None:
+            return length, slots
+        hs = self.hashes(req, n_pages * ps)
+        host_pages: list[int] = []
+        for h in hs[start:]:
+            hp = self.index.lookup(h)
+            if hp is None:
+                break
+            host_pages.append(hp)
+        if not host_pages:
+            return length, slots
+        for hp in host_pages:  # device allocation may write back into L2: keep ours
+            self.index.pin(hp)
+        try:
+            dev_pages = kv.alloc(len(host_pages))
+            if dev_pages is None:
+                return length, slots
+            self.host.load(host_pages, dev_pages)
+        finally:
+            for hp in host_pages:
+                self.index.unpin(hp)
+        return self._adopt(kv, req, length, slots, host_pages, dev_pages)
+
+    def _adopt(
+        self,
+        kv: KVManager,
+        req: Request,
+        length: int,
+        slots: np.ndarray,
+        host_pages: list[int],
+        dev_pages: list[int],
+    ) -> tuple[int, np.ndarray]:
+        cache = kv.cache
+        assert cache is not None
+        new_len = length + len(dev_pages) * self.page_size
+        full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
+        cached = cache.insert(
+            req.tokens[:new_len], full, req.namespace, priority=req.options.priority
+        )
+        if cached != length:  # single-threaded: the locked prefix is exactly what was there
+            raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
+        hs = self.hashes(req, new_len)[length // self.page_size :]
+        for p, h in zip(dev_pages, hs, strict=True):
+            self._dev_hash[p] = h
+        m = cache.match(req.tokens[:new_len], req.namespace, record=False)
+        cache.lock(m.handle)
+        kv.unlock(req)
+        req.handle = m.handle
+        split = self._loaded.setdefault(_key(req), [0, 0])
+        for hp in host_pages:
+            if self.index.origin(hp) == "storage":
+                split[1] += self.page_size
+                self.counters.storage_hit_tokens += self.page_size
+                self.index.mark_origin(hp, "device")  # later reuse of this copy is an L2 hit
+            else:
+                split[0] += self.page_size
+                self.counters.host_hit_tokens += self.page_size
+        return new_len, np.asarray(m.slots[:new_len], dtype=np.int64)
+
+    # -- L3 prefetch ---------------------------------------------------------------------------
+    def start_prefetch(self, kv: KVManager, req: Request) -> bool:
+        """Ask storage for the prompt's pages past what L1 and L2 hold; True if a fetch is now in
+        flight for `req` (poll() lands its pages in L2)."""
+        if self.worker is None:
+            return False
+        ps = self.page_size
+        n_pages = (len(req.tokens) - 1) // ps
+        have = 0
+        if kv.cache is not None:
+            query = req.tokens[: n_pages * ps]
+            have = kv.cache.match(query, req.namespace, record=False).length // ps
+        hs = self.hashes(req, n_pages * ps)
+        while have < n_pages and self.index.lookup(hs[have], touch=False) is not None:
+            have += 1
+        want = hs[have : have + MAX_PREFETCH_PAGES]
+        fid = self._fetch_ids = self._fetch_ids + 1
+        if not want or not self.worker.submit_fetch(fid, [h.hex() for h in want]):
+            return False
+        self._fetching[fid] = (req.request_id, want)
+        self._req_fetch[req.request_id] = fid
+        self.counters.prefetch_started += 1
+        return True
+
+    def prefetch_pending(self, request_id: str) -> bool:
+        fid = self._req_fetch.get(request_id)
+        return fid is not None and fid in self._fetching
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Apply finished storage jobs: confirmed writes unpin their L2 page; fetched pages are
+        copied into L2 (marked as coming from storage)."""
+        if self.worker is None:
+            return
+        for res in self.worker.poll(timeout):
+            if isinstance(res, WriteDone):
+                hp, h = res.token
+                self.index.unpin(hp)
+                if res.ok:
+                    self._stored.add(h)
+            elif isinstance(res, FetchDone):
+                self._land(res)
+
+    def _land(self, res: FetchDone) -> None:
+        # Landed even if its request is gone: the pages are verified and likely wanted again;
+        # pinned for a request still waiting, so other landings cannot push them out first.
+        rid, hashes = self._fetching.pop(res.token, ("", []))
+        live = self._req_fetch.get(rid) == res.token
+        for h, payload in zip(hashes, res.payloads, strict=False):
+            self._stored.add(h)
+            if self.index.lookup(h) is not None:
+                continue
+            got = self.index.alloc(1)
+            if got is None:
+                break
+            self.host.write_payload(got[0], payload)
+            self.index.add(h, got[0], origin="storage")
+            self.counters.prefetch_pages += 1
+            if live:
+                self.index.pin(got[0])
+                self._req_pins.setdefault(rid, []).append(got[0])
+
+    # -- whole-tier operations -----------------------------------------------------------------
+    def flush(self, device_reset: bool) -> None:
+        """/flush_cache: drop every unpinned L2 page (L3 is shared and kept); after an L1 reset
+        no device page is tree-owned any more."""
+        if device_reset:
+            self._dev_hash.clear()
+        self.index.clear()
+
+    def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
+        """Flush pending L3 writes (bounded by `timeout_s`) and stop the storage threads; True
+        when nothing was left unwritten. `tree_pages`: the device pages the tree owns now."""
+        if self.worker is None:
+            return True
+        if self.write_policy != "write_through":
+            # Pages only L1 holds (write_back / selective) reach storage through L2 now, as
+            # many as L2 can stage; the rest of L1 is lost with the process.
+            todo = [(p, h) for p, h in self._dev_hash.items() if p in tree_pages]
+            self._save([p for p, _ in todo], [h for _, h in todo])
+        done = self.worker.drain_writes(timeout_s)
+        self.poll()
+        self.worker.close()
+        self.worker = None
+        if not done:
+            log.warning("L3 flush timed out after %.1fs; unwritten pages are lost", timeout_s)
+        return done
+
+    def stats(self) -> dict[str, Any]:
+        free, cached, held = self.index.census()
+        ps = self.page_size
+        out: dict[str, Any] = {
+            "host_pool_pages": self.index.num_pages,
+            "host_free_pages": free,
+            "host_cached_pages": cached,
+            "host_held_pages": held,
+            "host_cached_tokens": (cached + held) * ps,
+            "host_hit_tokens": self.counters.host_hit_tokens,
+            "storage_hit_tokens": self.counters.storage_hit_tokens,
+            "host_saved_pages": self.counters.host_saved_pages,
+            "storage_prefetch_pages": self.counters.prefetch_pages,
+        }
+        w = self.worker
+        if w is not None:
+            c = w.counters
+            out.update(
+                storage_healthy=int(w.healthy),
+                storage_pending_writes=w.pending_writes,
+                storage_writes_ok=c.writes_ok,
+                storage_writes_failed=c.writes_failed,
+                storage_reads_hit=c.reads_hit,
+                storage_reads_miss=c.reads_miss,
+                storage_corrupt=c.corrupt,
+                storage_errors=c.errors,
+                storage_unhealthy_events=c.unhealthy_events,
+            )
+        return out
+
+    def check(self, tree_pages: set[int]) -> None:
+        """Host census balances; every device page in the map is one the tree owns now."""
+        self.index.check()
+        stale = set(self._dev_hash) - tree_pages
+        if stale:
+            raise RuntimeError(
+                f"tier map names device pages the tree does not own: {sorted(stale)[:8]}"
+            )
+
+
+def _key(req: Request) -> tuple[str, int]:
+    """One choice of one request (choices share the request id, not their generated tokens)."""
+    return req.request_id, int(getattr(req, "index", 0))

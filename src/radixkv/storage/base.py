@@ -1,0 +1,44 @@
+"""The L3 backend interface: put / get / delete of opaque values by string key.
+
+Contract: `put` returns only once the value is durably stored (the backend confirmed the write);
+any failure raises StorageError (never a partial value under the key). `get` returns the stored
+bytes or None when absent; a backend that cannot answer raises StorageError. Every call is bounded
+by the backend's timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StorageError(RuntimeError):
+    """The backend failed or timed out (down, full disk, connection refused...)."""
+
+
+class StorageBackend(Protocol):
+    name: str
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """`get` of several keys in one round trip where the backend can (Redis MGET)."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def make_backend(kind: str, url: str, timeout_s: float = 1.0) -> StorageBackend:
+    """`file` takes a directory; `redis` takes redis://host:port[/db] (Redis or Valkey)."""
+    if kind == "file":
+        from radixkv.storage.file import FileBackend
+
+        return FileBackend(url)
+    if kind == "redis":
+        from radixkv.storage.redis_backend import RedisBackend
+
+        return RedisBackend(url, timeout_s)
+    raise ValueError(f"unknown storage backend {kind!r} (file | redis)")

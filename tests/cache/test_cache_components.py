@@ -1,0 +1,279 @@
+"""The component tree (FULL + SWA + STATE) against the naive per-page reference.
+
+Every match is compared vote by vote (length, FULL slots, the SWA window's slots, the checkpoint,
+the shared length); every insert's duplicates and rejected checkpoints; after every eviction the
+tree's whole content is compared page by page with the reference before it, and every entry that
+disappeared (page, SWA slot -> tombstone, checkpoint) must be exactly what the eviction returned,
+legal (unlocked, leaf-first, outside every locked window) and enough.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import pytest
+from component_reference import ComponentReference, Page
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixkv.cache import RadixCache
+from radixkv.cache.components import Components
+from radixkv.cache.keys import TOKEN_BYTES
+
+COMBOS = [
+    Components(full=True, swa_window=6, state=False),
+    Components(full=True, swa_window=None, state=True),
+    Components(full=True, swa_window=5, state=True),
+    Components(full=False, swa_window=4, state=False),
+    Components(full=False, swa_window=8, state=True),
+]
+
+
+def actual_pages(cache: RadixCache) -> dict[tuple[Hashable | None, tuple[int, ...]], Page]:
+    """The tree's content as the reference stores it (one entry per page)."""
+    out = {}
+    p = cache.page_size
+    prefix: dict[int, tuple[int, ...]] = {}
+    for ns, node in cache.iter_nodes():  # parents before children
+        parent = node.parent
+        base = prefix.get(id(parent), ())
+        toks = np.frombuffer(node.key, dtype="<i8").tolist()
+        full = node.slots.tolist()
+        swa = node.swa.tolist() if node.swa is not None else []
+        for k in range(node.ntok // p):
+            key = base + tuple(toks[: (k + 1) * p])
+            last = k == node.ntok // p - 1
+            out[(ns, key)] = Page(
+                full[k * p : (k + 1) * p],
+                swa[k * p : (k + 1) * p],
+                node.ckpt if last else -1,
+            )
+        prefix[id(node)] = base + tuple(toks)
+    return out
+
+
+class Driver:
+    def __init__(self, comp: Components, page: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.comp = comp
+        self.page = page
+        policy = random.Random(seed).choice(["lru", "lfu", "fifo", "priority", "s3fifo", "predict"])
+        self.cache = RadixCache(page_size=page, policy=policy, components=comp)
+        self.ref = ComponentReference(page, comp.swa_window, comp.full, comp.state)
+        self.next_slot = 0
+        self.next_swa = 1_000_000
+        self.next_ckpt = 2_000_000
+        self.handles: list[tuple[Any, Hashable | None, tuple[int, ...]]] = []
+        self.corpus: list[tuple[int, ...]] = []
+
+    def query(self) -> tuple[Hashable | None, tuple[int, ...]]:
+        rng = self.rng
+        ns = rng.choice([None, None, "b"])
+        if self.corpus and rng.random() < 0.8:
+            base = rng.choice(self.corpus)
+            cut = rng.randrange(0, len(base) + 1)
+            toks = base[:cut] + tuple(rng.randrange(3) for _ in range(rng.randrange(0, 12)))
+        else:
+            toks = tuple(rng.randrange(3) for _ in range(rng.randrange(1, 30)))
+        return ns, toks
+
+    def do_match(self) -> None:
+        ns, toks = self.query()
+        m = self.cache.match(list(toks), ns)
+        b, full, swa, ckpt = self.ref.match(ns, toks)
+        assert m.length == b
+        assert m.shared_length == self.ref.shared(ns, toks)
+        assert m.slots.tolist() == full
+        if self.comp.swa_window is not None:
+            assert m.swa_slots is not None and m.swa_slots.tolist() == swa
+        assert m.checkpoint == ckpt
+        if b and self.rng.random() < 0.4:
+            self.cache.lock(m.handle)
+            self.handles.append((m.handle, ns, toks[:b]))
+            self.ref.locks.append((ns, toks[:b]))
+
+    def do_unlock(self) -> None:
+        if not self.handles:
+            return
+        i = self.rng.randrange(len(self.handles))
+        handle, ns, toks = self.handles.pop(i)
+        self.cache.unlock(handle)
+        self.ref.locks.remove((ns, toks))
+
+    def do_insert(self) -> None:
+        rng, p = self.rng, self.page
+        ns, toks = self.query()
+        m = self.cache.match(list(toks), ns, record=False)
+        owned = m.length
+        n = len(toks)
+        full = list(m.slots) + list(range(self.next_slot, self.next_slot + n - owned))
+        self.next_slot += n
+        swa: list[int] = [-1] * owned
+        if m.swa_slots is not None:
+            swa = [int(s) for s in m.swa_slots]
+        for k in range(owned, n, p):  # the caller's own pages; some freed as it advanced
+            dead = rng.random() < 0.3
+            for _i in range(k, min(n, k + p)):
+                swa.append(-1 if dead else self.next_swa)
+                self.next_swa += 1
+        ckpts = []
+        for _ in range(rng.randrange(0, 3)):
+            b = rng.randrange(0, n + 1)
+            b = b - b % p if rng.random() < 0.8 else b
+            ckpts.append((b, self.next_ckpt))
+            self.next_ckpt += 1
+        out = self.cache.insert_components(
+            list(toks),
+            full if self.comp.full else None,
+            swa if self.comp.swa_window is not None else None,
+            ckpts,
+            ns,
+            0,
+            owned,
+        )
+        cached, free, rejected = self.ref.insert(ns, toks, full, swa, ckpts, owned)
+        assert out.cached == cached
+        assert set(out.swa_free.tolist()) == free and len(out.swa_free) == len(free)
+        assert set(out.checkpoints_rejected) == rejected
+        self.corpus.append(toks)
+
+    def do_evict(self) -> None:
+        rng = self.rng
+        want_full = rng.choice([0, 0, 1, 5, 40]) if self.comp.full else 0
+        want_swa = rng.choice([0, 1, 6, 40]) if self.comp.swa_window else 0
+        want_ck = rng.choice([0, 1, 3]) if self.comp.state else 0
+        before = dict(self.ref.pages)
+        freed = self.cache.evict_components(want_full, want_swa, want_ck)
+        after = actual_pages(self.cache)
+        self.check_eviction(before, after, freed)
+        got_full, got_swa, got_ck = len(freed.full), len(freed.swa), len(freed.checkpoints)
+        hy = self.cache._hy
+        assert hy is not None
+        if got_full < want_full:
+            assert self.cache.evictable_size == 0
+        if got_swa < want_swa:
+            assert self.cache.evictable_size == 0 and hy.evictable_swa() == 0
+        if got_ck < want_ck:
+            assert all(hy._is_handle(n) for n in hy.ckpts.values())
+        self.ref.pages = {k: Page(list(v.full), list(v.swa), v.ckpt) for k, v in after.items()}
+
+    def check_eviction(self, before: dict, after: dict, freed: Any) -> None:
+        gone_full: Counter[int] = Counter()
+        gone_swa: Counter[int] = Counter()
+        gone_ck: Counter[int] = Counter()
+        locked_win = self.ref.locked_windows()
+        for key, page in before.items():
+            new = after.get(key)
+            if new is None:
+                assert key not in after
+                assert not self.ref.is_locked_page(key), "a locked page was evicted"
+                below = [k for k in after if k[0] == key[0] and k[1][: len(key[1])] == key[1]]
+                assert not below, "a page was evicted before its descendants"
+                gone_full.update(page.full)
+                gone_swa.update(s for s in page.swa if s >= 0)
+                if page.ckpt >= 0:
+                    gone_ck[page.ckpt] += 1
+                continue
+            assert new.full == page.full
+            for i, (old_s, new_s) in enumerate(zip(page.swa, new.swa, strict=True)):
+                if old_s != new_s:
+                    assert new_s == -1 and old_s >= 0, "SWA entry changed other than freed"
+                    assert (key, i) not in locked_win, "a locked window was tombstoned"
+                    gone_swa[old_s] += 1
+            if new.ckpt != page.ckpt:
+                assert new.ckpt == -1 and key not in self.ref.locks, "a handle's checkpoint"
+                gone_ck[page.ckpt] += 1
+        assert Counter(freed.full.tolist()) == gone_full
+        assert Counter(freed.swa.tolist()) == gone_swa
+        assert Counter(freed.checkpoints) == gone_ck
+
+    def step(self) -> None:
+        op = self.rng.choices(
+            [self.do_match, self.do_insert, self.do_evict, self.do_unlock], [4, 4, 2, 1]
+        )[0]
+        op()
+        self.cache.check_integrity()
+        assert actual_pages(self.cache) == self.ref.pages
+        if self.comp.swa_window is not None:
+            live = sum(1 for pg in self.ref.pages.values() for s in pg.swa if s >= 0)
+            assert self.cache.swa_size == live
+        ck = sum(1 for pg in self.ref.pages.values() if pg.ckpt >= 0)
+        assert self.cache.checkpoint_count == ck
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    page=st.sampled_from([1, 2, 4]),
+    combo=st.sampled_from(range(len(COMBOS))),
+)
+def test_component_tree_matches_reference(seed: int, page: int, combo: int) -> None:
+    d = Driver(COMBOS[combo], page, seed)
+    for _ in range(120):
+        d.step()
+    while d.handles:
+        d.do_unlock()
+    freed = d.cache.reset_components()
+    assert d.cache.swa_size == 0 and d.cache.checkpoint_count == 0
+    assert len(freed.full) == sum(len(p.full) for p in d.ref.pages.values())
+
+
+def test_swa_vote_rejects_tombstoned_window() -> None:
+    c = RadixCache(page_size=2, components=["full", "swa:4"])
+    toks = list(range(12))
+    swa = [-1, -1, -1, -1, 10, 11, 12, 13, 14, 15, 16, 17]  # first 4 positions freed
+    c.insert_components(toks, list(range(12)), swa)
+    assert c.match(toks).length == 12
+    assert c.match([*toks[:7], 99]).length == 0  # windows before 6 all hit tombstones
+    m = c.match([*toks[:9], 99])
+    assert m.length == 8 and m.swa_slots is not None
+    assert m.swa_slots.tolist() == [-1] * 4 + [10, 11, 12, 13]
+    assert c.match([*toks[:3], 99]).length == 0  # window [0, 2) is tombstoned
+
+
+def test_state_resumes_at_deepest_checkpoint_and_divergence_reports_shared() -> None:
+    c = RadixCache(page_size=4, components=["full", "state"])
+    toks = list(range(40))
+    c.insert_components(toks, list(range(40)), None, [(16, 7), (32, 8), (40, 9)])
+    m = c.match([*toks[:30], 99])
+    assert (m.length, m.checkpoint, m.shared_length) == (16, 7, 28)
+    m = c.match(toks)
+    assert (m.length, m.checkpoint) == (40, 9)
+    # A checkpoint left at the divergence point splits the edge there; siblings hit it.
+    out = c.insert_components(toks[:28], list(range(28)), None, [(28, 11)], owned_from=16)
+    assert out.checkpoints_rejected == () and out.cached == 28
+    assert c.match([*toks[:30], 5]).checkpoint == 11
+    c.check_integrity()
+
+
+def test_trim_keeps_windows_and_locked_resume_point() -> None:
+    c = RadixCache(page_size=1, components=["full", "swa:3"])
+    toks = list(range(10))
+    c.insert_components(toks, list(range(10)), list(range(100, 110)))
+    m = c.match([*toks[:6], 99])
+    c.lock(m.handle)
+    freed = c.evict_components(swa_slots=100)  # trims, then evicts the unlocked leaf
+    c.check_integrity()
+    again = c.match([*toks[:6], 99])
+    assert again.length == 6 and again.swa_slots is not None
+    assert again.swa_slots.tolist()[3:] == [103, 104, 105]
+    assert 103 not in freed.swa.tolist()
+    c.unlock(m.handle)
+
+
+def test_full_only_api_refuses_hybrid_calls_and_back() -> None:
+    plain = RadixCache()
+    with pytest.raises(RuntimeError):
+        plain.evict_components(1)
+    hy = RadixCache(components=["full", "state"])
+    with pytest.raises(RuntimeError):
+        hy.insert([1, 2], [3, 4])
+    with pytest.raises(RuntimeError):
+        hy.evict(1)
+    with pytest.raises(ValueError):
+        Components(full=False)
+    assert TOKEN_BYTES == 8
