@@ -21,12 +21,14 @@ import ctypes
 import logging
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -65,7 +67,7 @@ def main() -> int:
     if spec.pdeathsig:
         _set_pdeathsig()
     threading.Thread(
-        target=_watch_parent, args=(spec.parent_pid, stop), name="parent-watchdog", daemon=True
+        target=_watch_parent, args=(spec, stop), name="parent-watchdog", daemon=True
     ).start()
     if os.getppid() != spec.parent_pid:  # it died before the watchdog was up
         return 1
@@ -124,8 +126,9 @@ def _set_pdeathsig() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
-    """Return only to end the process: the API process died (stdin EOF or a new parent pid)."""
+def _watch_parent(spec: EngineSpec, stop: threading.Event) -> None:
+    """End the process once the API process died (stdin EOF or a new parent pid)."""
+    parent_pid = spec.parent_pid
     while True:
         readable, _, _ = select.select([0], [], [], 1.0)
         if readable:
@@ -139,6 +142,10 @@ def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
             break
     log.warning("the API process (pid %d) is gone; engine process exiting", parent_pid)
     stop.set()
+    # Nobody else will remove the API process's private socket directory now.
+    sockets = Path(spec.commands_address.removeprefix("ipc://")).parent
+    if sockets.name.startswith("radixkv-"):
+        shutil.rmtree(sockets, ignore_errors=True)
     time.sleep(EXIT_GRACE_S)  # the main loop normally exits first (the process ends with it)
     os._exit(1)
 
