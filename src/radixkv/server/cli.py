@@ -1,6 +1,6 @@
 """`radixkv serve | generate | chat`.
 
-    radixkv serve                       # default model on http://127.0.0.1:8000
+    radixkv serve                       # default model on http://127.0.0.1:8000 (engine process)
     radixkv serve --model DIR --port 9000 --api-key KEY --page-size 16
     radixkv generate "What is the capital of France?" --chat --max-tokens 32
     radixkv chat                        # multi-turn REPL; prints cached tokens per turn
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from radixkv.engine.types import RequestOptions, SamplingParams, StreamDelta
+from radixkv.server.launch import DEFAULT_MODEL_NAME, add_engine_mode_args
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 log = logging.getLogger("radixkv.server")
 
 
@@ -34,6 +34,7 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     serve.add_argument("--served-model-name", default=None, help="model id clients must send")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_mode_args(serve)
     serve.set_defaults(func=cmd_serve)
 
     gen = subparsers.add_parser("generate", help="one-shot generation, streamed to the terminal")
@@ -85,33 +86,11 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
 
 
 def build_engine(args: argparse.Namespace) -> Any:
-    """The Engine described by the engine flags (and --model), logging what was built."""
+    """The Engine described by the engine flags (and --model), built in this process."""
     from radixkv.engine.args import engine_config_from_args
-    from radixkv.engine.engine import Engine
+    from radixkv.server.launch import build_engine_from_config
 
-    config = engine_config_from_args(args)
-    model = config.model
-    log.info("loading model %s", model or f"{DEFAULT_MODEL_NAME} (embedded default)")
-    t0 = time.perf_counter()
-    engine = Engine(model=model, config=config)
-    m = engine.metrics()
-    cfg = engine.config
-    log.info(
-        "engine ready in %.1f s: pool %d token slots, cache=%s%s, page_size=%d, eviction=%s, "
-        "schedule=%s, chunked_prefill=%d, max_running=%d, device=%s, dtype=%s",
-        time.perf_counter() - t0,
-        m.pool_slots,
-        cfg.cache,
-        "" if cfg.prefix_cache_enabled else " (disabled)",
-        cfg.page_size,
-        cfg.eviction_policy,
-        cfg.schedule_policy,
-        cfg.chunked_prefill_size,
-        cfg.max_running_requests,
-        getattr(engine, "device", cfg.device),
-        str(getattr(getattr(engine, "lm", None), "dtype", cfg.dtype)).removeprefix("torch."),
-    )
-    return engine
+    return build_engine_from_config(engine_config_from_args(args))
 
 
 def model_name_for(args: argparse.Namespace) -> str:
@@ -132,25 +111,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from radixkv.server.app import create_app
+    from radixkv.server.engine_proc import EngineStartError
+    from radixkv.server.launch import close_server_engine, open_server_engine
 
     setup_logging(args.log_level)
-    engine = build_engine(args)
-    name = model_name_for(args)
-    app = create_app(engine, name, api_key=args.api_key)
-    log.info(
-        "serving '%s' at http://%s:%d/v1 (auth: %s); metrics at /metrics, cache stats at "
-        "/cache/stats, live dashboard at /dashboard",
-        name,
-        args.host,
-        args.port,
-        "Bearer key required" if args.api_key else "none",
-    )
-    # Bounded graceful shutdown: open streams are cut (and aborted) after 5 s.
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
-    )
-    if hasattr(engine, "close"):  # flush pending L3 writes (bounded) before the process ends
-        engine.close()
+    try:
+        engine = open_server_engine(args)
+    except EngineStartError as exc:
+        log.error("the engine could not start: %s", exc)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (the engine process is ended)
+        return 130
+    try:
+        name = model_name_for(args)
+        app = create_app(engine, name, api_key=args.api_key)
+        log.info(
+            "serving '%s' at http://%s:%d/v1 (auth: %s, engine %s); metrics at /metrics, cache "
+            "stats at /cache/stats, live dashboard at /dashboard",
+            name,
+            args.host,
+            args.port,
+            "Bearer key required" if args.api_key else "none",
+            "in-process" if args.in_process else f"process pid {engine.pid}",
+        )
+        # Bounded graceful shutdown: open streams are cut (and aborted) after 5 s; the app's
+        # lifespan then stops the engine process.
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
+        pass
+    finally:
+        close_server_engine(engine)
     return 0
 
 
