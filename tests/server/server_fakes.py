@@ -54,10 +54,16 @@ class _Req:
 
 
 class FakeEngine:
-    def __init__(self, config: EngineConfig | None = None, step_delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        step_delay: float = 0.0,
+        fail_at_step: int | None = None,
+    ) -> None:
         self.config = config or EngineConfig(num_slots=4096, max_model_len=512)
         self.tokenizer = FakeTokenizer()
         self.step_delay = step_delay
+        self.fail_at_step = fail_at_step  # step() raises from this step on (a crash)
         self.pool = self.config.cache.num_slots or 4096
         self.max_model_len = self.config.scheduler.max_model_len or 512
         self.running: dict[str, _Req] = {}
@@ -96,7 +102,8 @@ class FakeEngine:
         return rid
 
     def step(self) -> list[StreamDelta]:
-        if self.fail_next_step:
+        crash_now = self.fail_at_step is not None and self.steps >= self.fail_at_step
+        if self.fail_next_step or crash_now:
             raise RuntimeError("injected failure")
         time.sleep(self.step_delay)
         self.steps += 1
@@ -168,3 +175,8 @@ class FakeEngine:
         m = self.metrics()
         if m.free_slots + m.cached_tokens_in_tree + self.held() != self.pool:
             raise AssertionError("census broken")
+
+
+def broken_factory() -> FakeEngine:
+    """An engine factory that fails like a bad model path does (for start-up error tests)."""
+    raise FileNotFoundError("no model at /nowhere/config.json")

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from server_fakes import FakeEngine
-from server_harness import LiveServer, live_server
+from server_harness import MODES, LiveServer, fake_server, live_server
 
 from radixkv.engine.types import EngineConfig
 
@@ -132,11 +132,11 @@ def test_still_serving_after_errors(srv: LiveServer) -> None:
     assert stats["running_requests"] == 0 and stats["inflight_requests"] == 0
 
 
-def test_overload_is_503_with_clear_message() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_overload_is_503_with_clear_message(mode: str) -> None:
     # A slow engine with room for 2 requests in flight: the third is refused immediately.
     cfg = EngineConfig(num_slots=4096, max_model_len=512, max_running_requests=1)
-    eng = FakeEngine(cfg, step_delay=0.02)
-    with live_server(eng, "m") as server:
+    with fake_server(mode, "m", config=cfg, step_delay=0.02) as server:
         server.state.engine.max_inflight = 2
         body = {"model": "m", "prompt": "hi", "max_tokens": 40, "stream": True}
         with httpx.Client(base_url=server.url, timeout=10) as client:

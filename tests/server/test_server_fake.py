@@ -1,5 +1,7 @@
 """Server mechanics against the FakeEngine: disconnects abort, crashes fail cleanly, sessions,
-auth, metrics. (The same behaviours are exercised end-to-end on the real engine in test_e2e.)"""
+auth, metrics. Each behaviour runs in both engine modes (`mode`): the engine object on a loop
+thread, and the engine in its own process behind ZeroMQ. (The same behaviours are exercised
+end-to-end on the real engine in test_e2e and test_e2e_process.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_fakes import FakeEngine
-from server_harness import LiveServer, live_server
+from server_harness import MODES, LiveServer, fake_server, live_server
 
 from radixkv.engine.types import EngineConfig
 
@@ -26,9 +28,16 @@ def _wait_idle(srv: LiveServer, timeout: float = 10.0) -> dict:
         time.sleep(0.02)
 
 
-def test_disconnecting_streams_are_aborted() -> None:
-    eng = FakeEngine(EngineConfig(num_slots=1 << 16, max_model_len=4096), step_delay=0.005)
-    with live_server(eng) as srv:
+BIG = EngineConfig(num_slots=1 << 16, max_model_len=4096)
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_disconnecting_streams_are_aborted(mode: str) -> None:
+    with fake_server(mode, config=BIG, step_delay=0.005) as srv:
         body = {"prompt": "shared prefix " * 4, "max_tokens": 2000, "stream": True}
         with httpx.Client(base_url=srv.url, timeout=10) as client:
             for _ in range(8):
@@ -50,10 +59,9 @@ def test_disconnecting_streams_are_aborted() -> None:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_hang_up_right_after_sending(stream: bool) -> None:
+def test_hang_up_right_after_sending(mode: str, stream: bool) -> None:
     """Clients that close the socket before reading a byte: every request is still aborted."""
-    eng = FakeEngine(EngineConfig(num_slots=1 << 16, max_model_len=4096), step_delay=0.005)
-    with live_server(eng) as srv:
+    with fake_server(mode, config=BIG, step_delay=0.005) as srv:
         payload = json.dumps({"prompt": "bye", "max_tokens": 3000, "stream": stream}).encode()
         head = (
             f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -65,7 +73,7 @@ def test_hang_up_right_after_sending(stream: bool) -> None:
                 time.sleep(0.05)  # let the server accept it, then vanish without reading
         stats = _wait_idle(srv)
         assert stats["memory_check"] == "ok"
-        assert eng.generated < 3000 and eng.finished == 6
+        assert stats["generated_tokens_total"] < 3000 and stats["finished_requests"] == 6
 
 
 def test_non_stream_client_timeout_aborts() -> None:
@@ -81,14 +89,12 @@ def test_non_stream_client_timeout_aborts() -> None:
         assert eng.generated < 3000
 
 
-def test_engine_crash_fails_requests_and_health() -> None:
-    eng = FakeEngine(step_delay=0.01)
-    with live_server(eng) as srv:
+def test_engine_crash_fails_requests_and_health(mode: str) -> None:
+    with fake_server(mode, step_delay=0.01, fail_at_step=5) as srv:
         body = {"prompt": "hello", "max_tokens": 200, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=10) as resp:
             lines = resp.iter_lines()
             assert next(lines).startswith("data: ")
-            eng.fail_next_step = True
             events = [ln for ln in lines if ln.startswith("data: ")]
         assert events[-1] == "data: [DONE]"
         assert "error" in json.loads(events[-2][6:])
@@ -114,8 +120,8 @@ def test_api_key_required_except_health() -> None:
         assert good.status_code == 200 and good.json()["data"][0]["id"] == "test-model"
 
 
-def test_sessions_and_flush() -> None:
-    with live_server(FakeEngine()) as srv:
+def test_sessions_and_flush(mode: str) -> None:
+    with fake_server(mode) as srv:
         body = {"prompt": "a long shared system prompt", "max_tokens": 3, "session_id": "s1"}
         for _ in range(3):
             assert httpx.post(srv.url + "/v1/completions", json=body).status_code == 200
@@ -141,8 +147,8 @@ def _metrics(srv: LiveServer) -> str:
     return resp.text
 
 
-def test_metrics_parse_and_track_requests() -> None:
-    with live_server(FakeEngine()) as srv:
+def test_metrics_parse_and_track_requests(mode: str) -> None:
+    with fake_server(mode) as srv:
         body = {"prompt": "shared prefix here", "max_tokens": 2}
         for _ in range(2):
             httpx.post(srv.url + "/v1/completions", json=body)

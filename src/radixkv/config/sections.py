@@ -234,3 +234,16 @@ class ServerConfig(Section):
         None, "model id clients must send (default: the checkpoint's directory name)"
     )
     log_level: str = opt("info", "server log level", choices=LOG_LEVELS)
+    # Where the engine runs (radixkv.server.launch): its own process by default.
+    threads: int = opt(
+        0,
+        "torch CPU threads for the engine (0: torch's default, one per core)",
+        min=0,
+        group="engine process",
+    )
+    in_process: bool = opt(
+        False,
+        "run the engine on a thread of the server process instead of its own process "
+        "(for debugging and comparison)",
+        group="engine process",
+    )

@@ -51,6 +51,10 @@ class RequestError(ValueError):
         self.code = code
         self.param = param
 
+    def __reduce__(self) -> tuple[type[RequestError], tuple[str, int, str | None]]:
+        # Keep code and param when the error crosses from the engine process to the server.
+        return (RequestError, (str(self), self.code, self.param))
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -77,6 +77,16 @@ class Tokenizer:
         bos = special_tokens.get("bos_token")
         self.bos_token_id = None if bos is None else backend.token_to_id(bos)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The compiled template is not picklable; it is rebuilt from its source on unpickling
+        # (the engine process sends its tokenizer to the API process this way).
+        return {k: v for k, v in self.__dict__.items() if k != "_template"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        source = self.chat_template
+        self._template = None if source is None else _compile_template(source)
+
     @classmethod
     def from_pretrained(
         cls, path: str | os.PathLike[str], extra_eos_ids: tuple[int, ...] = ()

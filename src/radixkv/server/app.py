@@ -1,7 +1,12 @@
-"""The OpenAI-compatible FastAPI app over an AsyncEngine.
+"""The OpenAI-compatible FastAPI app over an EngineClient.
 
-`create_app(engine, ...)` wraps an already-built Engine; the app's lifespan starts and stops the
-engine loop thread. Request bodies are parsed by hand (protocol.parse_body) so every bad input is
+`create_app(engine, ...)` takes either an EngineClient — a ProcessEngine (the engine in its own
+process, what `radixkv serve` uses) — or an already-built Engine object, which it drives in-process
+through an AsyncEngine loop thread (tests, fake engines). The app's lifespan starts and stops it.
+Every server → engine call is `await state.engine.call(operator.methodcaller("name", *args))`
+(or a module-level function of the engine): it must cross a process boundary.
+
+Request bodies are parsed by hand (protocol.parse_body) so every bad input is
 an OpenAI-style 4xx body, never FastAPI's 422.
 """
 
@@ -27,6 +32,7 @@ from radixkv.config import EngineConfig
 from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.config_view import install_config_route
 from radixkv.server.dashboard import RecentRequests, install_dashboard
+from radixkv.server.engine_client import EngineClient
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.protocol import (
@@ -48,17 +54,19 @@ MAX_BODY_BYTES = 32 * 2**20  # far above any context we serve; bounds memory per
 class ServerState:
     """Everything the handlers share; one per app."""
 
-    def __init__(self, engine: EngineLike, model_name: str, api_key: str | None) -> None:
-        self.engine = AsyncEngine(engine)
-        self.tokenizer = engine.tokenizer
-        self.vocab_size = int(engine.tokenizer.vocab_size)
+    def __init__(
+        self, engine: EngineLike | EngineClient, model_name: str, api_key: str | None
+    ) -> None:
+        client = engine if isinstance(engine, EngineClient) else AsyncEngine(engine)
+        self.engine: EngineClient = client.launch()
+        self.tokenizer = self.engine.tokenizer
+        self.vocab_size = int(self.tokenizer.vocab_size)
         # The resolved context length (the engine's, else the configured one; None = unknown).
-        self.max_model_len: int | None = (
-            getattr(engine, "max_model_len", None) or engine.config.scheduler.max_model_len
-        )
+        self.max_model_len: int | None = self.engine.max_model_len
         self.model_name = model_name
         self.api_key = api_key
-        self.config: EngineConfig = engine.config  # create_app may set the full chain instead
+        # The engine's configuration; create_app may set the full chain (server section) instead.
+        self.config: EngineConfig = self.engine.config
         # A token's own text, for logprobs (special tokens included).
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda tid: str(self.tokenizer.decode([tid], skip_special_tokens=False))
@@ -67,7 +75,7 @@ class ServerState:
         # Per-process secret for the dashboard's short hashes of ids and salts (never shown).
         self.label_key = secrets.token_bytes(16)
         self.recent = RecentRequests(self.label_key)
-        self.metrics = ServerMetrics(lambda: self.engine.last_metrics)
+        self.metrics = ServerMetrics(self.engine.metrics)
         self.started = int(time.time())
 
     def check_model(self, model: str | None) -> None:
@@ -81,7 +89,7 @@ class ServerState:
 
 
 def create_app(
-    engine: EngineLike,
+    engine: EngineLike | EngineClient,
     model_name: str,
     api_key: str | None = None,
     config: EngineConfig | None = None,
@@ -89,7 +97,8 @@ def create_app(
     """The app over `engine`; `config` is the full configuration chain when the caller has it
     (`radixkv serve`: its server section is what /config shows), else the engine's."""
     state = ServerState(engine, model_name, api_key)
-    state.config = config if config is not None else engine.config
+    if config is not None:
+        state.config = config
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -237,14 +246,14 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/flush_cache")
     async def flush_cache() -> dict[str, Any]:
-        flushed = await state.engine.call(lambda e: bool(e.flush_cache()))
-        return {"flushed": flushed, **_stats(state, state.engine.last_metrics)}
+        flushed = bool(await state.engine.call(operator.methodcaller("flush_cache")))
+        return {"flushed": flushed, **_stats(state, state.engine.metrics())}
 
     @app.get("/cache/stats")
     async def cache_stats() -> dict[str, Any]:
         m, memory = await state.engine.call(_metrics_and_census)
         out = {**_stats(state, m), "memory_check": memory}
-        if hasattr(state.engine.engine, "regret_stats"):
+        if state.engine.supports("regret_stats"):
             out["regret"] = await state.engine.call(operator.methodcaller("regret_stats"))
         return out
 
@@ -255,7 +264,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/sessions/{session_id}/close")
     async def close_session(session_id: str) -> dict[str, Any]:
         out = _session_or_404(state, session_id, close=True)
-        if hasattr(state.engine.engine, "close_session"):  # session-aware eviction
+        if state.engine.supports("close_session"):  # session-aware eviction
             released = await state.engine.call(operator.methodcaller("close_session", session_id))
             out["cache_reference_released"] = bool(released)
         return out
@@ -271,6 +280,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 def _metrics_and_census(engine: Any) -> tuple[Any, str]:
+    """(metrics, census verdict), taken together between two steps (runs on the engine side)."""
     try:
         engine.check_memory()
         memory = "ok"
@@ -280,12 +290,18 @@ def _metrics_and_census(engine: Any) -> tuple[Any, str]:
 
 
 def _stats(state: ServerState, m: Any) -> dict[str, Any]:
-    cfg = state.engine.engine.config
+    cfg = state.engine.config
     return {
         **dataclasses.asdict(m),
         "token_hit_rate": m.token_hit_rate,
         "pool_usage": m.pool_usage,
         "inflight_requests": state.engine.inflight,
+        # Where the engine runs and how long its steps took (the server's overhead is the rest).
+        "engine": {
+            "pid": state.engine.pid,
+            "steps": state.engine.steps,
+            "step_seconds": round(state.engine.step_seconds, 6),
+        },
         "config": {
             "cache": cfg.cache.kind,
             "prefix_cache_enabled": cfg.prefix_cache_enabled,

@@ -1,6 +1,6 @@
 """`radixkv serve | generate | chat`.
 
-    radixkv serve                       # default model on http://127.0.0.1:8000
+    radixkv serve                       # default model on http://127.0.0.1:8000 (engine process)
     radixkv serve --model DIR --port 9000 --api-key KEY --page-size 16
     radixkv generate "What is the capital of France?" --chat --max-tokens 32
     radixkv chat                        # multi-turn REPL; prints cached tokens per turn
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from radixkv.engine.types import RequestOptions, SamplingParams, StreamDelta
+from radixkv.server.launch import DEFAULT_MODEL_NAME
 
 if TYPE_CHECKING:
     from radixkv.config import EngineConfig
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 log = logging.getLogger("radixkv.server")
 
 
@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(serve)
     serve.set_defaults(compile=True)  # a server compiles the model once at start-up
-    ServerConfig.add_args(serve)  # --host, --port, --api-key, --served-model-name, --log-level
+    # --host, --port, --api-key, --served-model-name, --log-level, --threads, --in-process
+    ServerConfig.add_args(serve)
     serve.set_defaults(func=cmd_serve)
 
     gen = subparsers.add_parser("generate", help="one-shot generation, streamed to the terminal")
@@ -97,26 +98,13 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise SystemExit(2) from None
 
 
-def build_engine(args: argparse.Namespace, config: EngineConfig | None = None) -> Any:
-    """The Engine described by the flags (or by `config`, already validated), logging the
-    configuration printout first and what the engine resolved once it is built."""
-    from radixkv.engine.engine import Engine
+def build_engine(args: argparse.Namespace) -> Any:
+    """The Engine the flags describe, built in this process, after the configuration printout."""
+    from radixkv.server.launch import build_engine_from_config
 
-    config = config if config is not None else config_from_args(args)
+    config = config_from_args(args)
     log.info("%s", config.format())
-    model = config.model.path
-    log.info("loading model %s", model or f"{DEFAULT_MODEL_NAME} (embedded default)")
-    t0 = time.perf_counter()
-    engine = Engine(model=model, config=config)
-    log.info(
-        "engine ready in %.1f s: pool %d token slots, max_model_len %d, device=%s, dtype=%s",
-        time.perf_counter() - t0,
-        engine.metrics().pool_slots,
-        engine.max_model_len,
-        engine.device,
-        str(getattr(engine.lm, "dtype", config.model.dtype)).removeprefix("torch."),
-    )
-    return engine
+    return build_engine_from_config(config)
 
 
 def model_name_for(args: argparse.Namespace) -> str:
@@ -137,26 +125,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from radixkv.server.app import create_app
+    from radixkv.server.engine_proc import EngineStartError
+    from radixkv.server.launch import close_server_engine, open_server_engine
 
     setup_logging(args.log_level)
     config = config_from_args(args)
-    engine = build_engine(args, config)
-    name = model_name_for(args)
-    app = create_app(engine, name, api_key=config.server.api_key, config=config)
-    log.info(
-        "serving '%s' at http://%s:%d/v1 (auth: %s); metrics at /metrics, cache stats at "
-        "/cache/stats, live dashboard at /dashboard",
-        name,
-        args.host,
-        args.port,
-        "Bearer key required" if args.api_key else "none",
-    )
-    # Bounded graceful shutdown: open streams are cut (and aborted) after 5 s.
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
-    )
-    if hasattr(engine, "close"):  # flush pending L3 writes (bounded) before the process ends
-        engine.close()
+    srv = config.server
+    log.info("%s", config.format())
+    try:
+        engine = open_server_engine(config)
+    except EngineStartError as exc:
+        log.error("the engine could not start: %s", exc)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (the engine process is ended)
+        return 130
+    try:
+        name = model_name_for(args)
+        app = create_app(engine, name, api_key=srv.api_key, config=config)
+        log.info(
+            "serving '%s' at http://%s:%d/v1 (auth: %s, engine %s); metrics at /metrics, cache "
+            "stats at /cache/stats, live dashboard at /dashboard",
+            name,
+            srv.host,
+            srv.port,
+            "Bearer key required" if srv.api_key else "none",
+            "in-process" if srv.in_process else f"process pid {engine.pid}",
+        )
+        # Bounded graceful shutdown: open streams are cut (and aborted) after 5 s; the app's
+        # lifespan then stops the engine process.
+        uvicorn.run(
+            app,
+            host=srv.host,
+            port=srv.port,
+            log_level=srv.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
+        pass
+    finally:
+        close_server_engine(engine)
     return 0
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from typing import Any
+
+from radixkv.server.launch import add_engine_mode_args
 
 SYSTEM_PROMPT = (
     "You are the help desk assistant of Northwind Gardens, a plant nursery. Opening hours are "
@@ -34,6 +37,7 @@ def register_demo(subparsers: Any, add_model_args: Any) -> None:
         "demo", help="serve the default model and show the radix cache effect over HTTP"
     )
     add_model_args(demo)
+    add_engine_mode_args(demo)
     demo.add_argument("--port", type=int, default=0, help="0 = any free port")
     demo.add_argument("--max-tokens", type=int, default=40)
     demo.add_argument(
@@ -79,15 +83,28 @@ def _chat(url: str, model: str, question: str, max_tokens: int) -> dict[str, Any
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import httpx
-
     from radixkv.server.background import BackgroundServer
-    from radixkv.server.cli import build_engine, model_name_for, setup_logging
+    from radixkv.server.cli import config_from_args, model_name_for, setup_logging
+    from radixkv.server.engine_proc import EngineStartError
+    from radixkv.server.launch import close_server_engine, open_server_engine
 
     setup_logging("info")
-    engine = build_engine(args)
-    name = model_name_for(args)
-    with BackgroundServer(engine, name, port=args.port) as srv:
+    try:
+        engine = open_server_engine(config_from_args(args))
+    except EngineStartError as exc:
+        logging.getLogger("radixkv.server").error("the engine could not start: %s", exc)
+        return 1
+    try:
+        return _run_demo(args, BackgroundServer(engine, model_name_for(args), port=args.port))
+    finally:
+        close_server_engine(engine)
+
+
+def _run_demo(args: argparse.Namespace, server: Any) -> int:
+    import httpx
+
+    name = server.state.model_name
+    with server as srv:
         print(f"\nRadixKV is serving '{name}' at {srv.url}/v1 (OpenAI-compatible)")
         print(f"Live dashboard (open it in a browser): {srv.url}/dashboard\n")
         print(f"Three questions sharing one {len(SYSTEM_PROMPT.split())}-word system prompt:\n")

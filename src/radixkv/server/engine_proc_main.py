@@ -1,0 +1,154 @@
+"""The engine process: `python -m radixkv.server.engine_proc_main`, started by ProcessEngine.
+
+It reads its EngineSpec from stdin, builds the engine (sending EngineInfo, or StartupError and
+exit 1), then runs EngineCore over the ZeroMQ sockets until told to stop.
+
+It never outlives the API process, however that one ends:
+- stdin stays open for its whole life: EOF on it means the API process is gone (a watchdog thread
+  waits on it and also checks that the parent pid has not changed);
+- PR_SET_PDEATHSIG (Linux) makes the kernel send SIGTERM when the parent dies, when the spawning
+  thread is the parent's main thread (the signal follows the spawning thread, not the process);
+- SIGTERM and parent death set the stop flag: the loop ends after the current step and the
+  process exits; if the step does not end within EXIT_GRACE_S, the watchdog exits hard.
+- SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the API process
+  decides when the engine stops (after its HTTP side has drained).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from radixkv.server import ipc
+from radixkv.server.engine_core import Command, EngineCore, EngineInfo, Outputs, by_value
+
+log = logging.getLogger("radixkv.server")
+
+EXIT_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to build and connect the engine; pickled by the API process onto our stdin."""
+
+    factory: Callable[[], Any]  # picklable: builds the engine (e.g. partial(build_engine, cfg))
+    commands_address: str
+    outputs_address: str
+    parent_pid: int
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    log_level: str = "info"
+    pdeathsig: bool = True
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    spec: EngineSpec = ipc.read_frame(0)
+    logging.basicConfig(
+        level=spec.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s",
+    )
+    if spec.pdeathsig:
+        _set_pdeathsig()
+    threading.Thread(
+        target=_watch_parent, args=(spec, stop), name="parent-watchdog", daemon=True
+    ).start()
+    if os.getppid() != spec.parent_pid:  # it died before the watchdog was up
+        return 1
+    if spec.threads > 0:
+        import torch
+
+        torch.set_num_threads(spec.threads)
+    ctx: zmq.Context[Any] = zmq.Context()
+    rx = ipc.open_socket(ctx, zmq.PULL, spec.commands_address, bind=False)
+    tx = ipc.open_socket(ctx, zmq.PUSH, spec.outputs_address, bind=False, linger_ms=2000)
+    try:
+        return _serve(spec, rx, tx, stop)
+    finally:
+        rx.close()
+        tx.close()
+        ctx.term()
+
+
+def _serve(
+    spec: EngineSpec, rx: zmq.Socket[Any], tx: zmq.Socket[Any], stop: threading.Event
+) -> int:
+    try:
+        engine = spec.factory()
+        info = EngineInfo.of(engine, os.getpid())
+    except Exception as exc:
+        log.debug("engine start-up failed", exc_info=True)
+        tx.send(ipc.dumps(ipc.StartupError(f"{type(exc).__name__}: {exc}")))
+        return 1
+    tx.send(ipc.dumps(info))
+
+    def recv(timeout: float) -> Sequence[Command]:
+        return ipc.recv_ready(rx, timeout)
+
+    def emit(out: Outputs) -> None:
+        try:
+            data = ipc.dumps(out)
+        except Exception:  # an unpicklable call result: send it as an error instead
+            out.results = by_value(out.results)
+            data = ipc.dumps(out)
+        tx.send(data)
+
+    fatal = EngineCore(engine).run(recv, emit, stop.is_set)
+    if hasattr(engine, "close"):  # e.g. flush pending L3 writes (bounded) before exiting
+        try:
+            engine.close()
+        except Exception:
+            log.exception("closing the engine failed")
+    return 0 if fatal is None else 1
+
+
+def _set_pdeathsig() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _watch_parent(spec: EngineSpec, stop: threading.Event) -> None:
+    """End the process once the API process died (stdin EOF or a new parent pid)."""
+    parent_pid = spec.parent_pid
+    while True:
+        readable, _, _ = select.select([0], [], [], 1.0)
+        if readable:
+            try:
+                gone = not os.read(0, 4096)  # the parent never writes after the spec
+            except OSError:
+                gone = True
+        else:
+            gone = False
+        if gone or os.getppid() != parent_pid:
+            break
+    log.warning("the API process (pid %d) is gone; engine process exiting", parent_pid)
+    stop.set()
+    # Nobody else will remove the API process's private socket directory now.
+    sockets = Path(spec.commands_address.removeprefix("ipc://")).parent
+    if sockets.name.startswith("radixkv-"):
+        shutil.rmtree(sockets, ignore_errors=True)
+    time.sleep(EXIT_GRACE_S)  # the main loop normally exits first (the process ends with it)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
