@@ -166,6 +166,7 @@ def _argparse_kwargs(f: dataclasses.Field[Any], default: Any) -> dict[str, Any]:
     if isinstance(f.default, bool):
         if f.default or default or m.get("negatable"):  # --x / --no-x
             kw.update(action=argparse.BooleanOptionalAction, default=bool(default))
+            kw["help"] += " (default: %(default)s)"
         else:
             kw.update(action="store_true", default=False)
         return kw
