@@ -119,3 +119,11 @@ def test_peers_table_ratios_and_start_lines() -> None:
     assert "- vllm float32: `start vllm`" in md
     assert "prefix" not in md.split("How")[0]
     json.dumps(result)
+
+
+def test_reports_carry_no_machine_paths() -> None:
+    from radixkv.bench.peers import scrub
+
+    home = str(Path.home())
+    text = f"/opt/venv/bin/python -m x --tokenizer {home}/.cache/m"
+    assert scrub(text, "/opt/venv/bin/python") == "$VLLM_PYTHON -m x --tokenizer ~/.cache/m"

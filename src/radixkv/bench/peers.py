@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from radixkv.bench.peer_server import PeerServer, vllm_env
-from radixkv.bench.server_proc import LocalServer
+from radixkv.bench.server_proc import LocalServer, home_relative
 
 # vLLM's benchmark client, run inside vLLM's virtualenv: its documented Python entry points.
 VLLM_CLIENT = (
@@ -153,11 +153,16 @@ def table(result: dict[str, Any]) -> str:
     return peers_table(result)
 
 
+def scrub(text: str, vllm_python: str) -> str:
+    """Reports carry no machine paths: vLLM's interpreter becomes $VLLM_PYTHON, home becomes ~."""
+    return home_relative(text.replace(vllm_python, "$VLLM_PYTHON"))
+
+
 def _cmd_peers(args: argparse.Namespace) -> int:
     result = run_peers(args)
     out = Path(args.out)
-    (out / "peers.json").write_text(json.dumps(result, indent=1))
-    md = table(result)
+    (out / "peers.json").write_text(scrub(json.dumps(result, indent=1), args.vllm_python))
+    md = scrub(table(result), args.vllm_python)
     (out / "peers.md").write_text(md + "\n")
     print(md)
     print(f"json: {out / 'peers.json'}\ntable: {out / 'peers.md'}")

@@ -17,9 +17,9 @@ from torch import nn
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, HybridLM, Step, Weights, kind_indices
-from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
-from radixkv.model.state_layers import StateMeta, causal_conv
+from radixkv.model.hybrid import HybridConfig, Step, Weights, kind_indices
+from radixkv.model.layers import apply_rope, rms_norm
+from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class Lfm2Layer(nn.Module):
         return x + F.linear(F.silu(F.linear(h, self.w1)) * F.linear(h, self.w3), self.w2)
 
 
-class Lfm2LM(HybridLM):
+class Lfm2LM(RopeStateLM):
     def __init__(
         self,
         cfg: Lfm2Config,
@@ -127,14 +127,7 @@ class Lfm2LM(HybridLM):
         )
         self.norm = w.need("model.embedding_norm.weight")
         self.eps = cfg.rms_norm_eps
-        self.inv_freq: torch.Tensor
-        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, None).to(device)
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def prepare(self, step: Step) -> None:
-        step.cache["rope"] = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
-        if self.spec.has_state:
-            step.cache["state"] = StateMeta.build(step.batch, step.pools.state, self.device)
+        self.init_rope(cfg.head_dim, cfg.rope_theta, device)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         assert self.norm is not None

@@ -21,9 +21,9 @@ from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model import deltanet
 from radixkv.model.attention import AttentionBackend
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, HybridLM, Step, Weights, kind_indices, rms_norm_1p
-from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
-from radixkv.model.state_layers import StateMeta, causal_conv, read_state
+from radixkv.model.hybrid import HybridConfig, Step, Weights, kind_indices, rms_norm_1p
+from radixkv.model.layers import apply_rope, rms_norm
+from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv, read_state
 
 ARCH = "Qwen3_5ForCausalLM"
 
@@ -234,7 +234,7 @@ class Qwen35Layer(nn.Module):
         return x + self.mlp(rms_norm_1p(x, self.post_norm, self.eps))
 
 
-class Qwen35LM(HybridLM):
+class Qwen35LM(RopeStateLM):
     layer_cls: type[Qwen35Layer] = Qwen35Layer
 
     def __init__(
@@ -253,14 +253,7 @@ class Qwen35LM(HybridLM):
         )
         self.norm = w.need("model.norm.weight")
         self.eps = cfg.rms_norm_eps
-        self.inv_freq: torch.Tensor
-        inv = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, None).to(device)
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def prepare(self, step: Step) -> None:
-        step.cache["rope"] = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
-        if self.spec.has_state:
-            step.cache["state"] = StateMeta.build(step.batch, step.pools.state, self.device)
+        self.init_rope(cfg.rotary_dim, cfg.rope_theta, device)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         assert self.norm is not None

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.hybrid import StatePool
+from radixkv.model.hybrid import HybridLM, Step
+from radixkv.model.layers import rope_cos_sin, rope_inv_freq
 
 
 @dataclass
@@ -108,3 +110,18 @@ def causal_conv(
         out.index_copy_(0, meta.decode_rows, y)
         conv_state.index_copy_(0, meta.decode_slots, new.to(conv_state.dtype))
     return out
+
+
+class RopeStateLM(HybridLM):
+    """A hybrid LM whose attention layers share one RoPE table and whose state layers read the
+    per-request state metadata (Qwen3.5, Qwen3-Next, LFM2): both built once per forward."""
+
+    def init_rope(self, rotary_dim: int, theta: float, device: str) -> None:
+        self.inv_freq: torch.Tensor
+        inv = rope_inv_freq(rotary_dim, theta, None).to(device)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def prepare(self, step: Step) -> None:
+        step.cache["rope"] = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
+        if self.spec.has_state:
+            step.cache["state"] = StateMeta.build(step.batch, step.pools.state, self.device)
