@@ -39,6 +39,10 @@ from radixkv.server.engine_core import Command, EngineCore, EngineInfo, Outputs,
 log = logging.getLogger("radixkv.server")
 
 EXIT_GRACE_S = 5.0
+# Once told to go (SIGTERM, or the API process gone), the kernel ends us after this long whatever
+# Python is doing: SIGALRM's default action needs no GIL, no lock and no live thread. It covers the
+# engine's own bounded shutdown work (e.g. flushing pending L3 writes) with room to spare.
+HARD_EXIT_S = 30
 _PR_SET_PDEATHSIG = 1
 
 
@@ -58,7 +62,7 @@ class EngineSpec:
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: _stop_soon(stop))
     spec: EngineSpec = ipc.read_frame(0)
     logging.basicConfig(
         level=spec.log_level.upper(),
@@ -126,6 +130,12 @@ def _set_pdeathsig() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+def _stop_soon(stop: threading.Event) -> None:
+    """Ask the main loop to finish, and arm the kernel's hard stop in case shutdown hangs."""
+    stop.set()
+    signal.alarm(HARD_EXIT_S)
+
+
 def _watch_parent(spec: EngineSpec, stop: threading.Event) -> None:
     """End the process once the API process died (stdin EOF or a new parent pid)."""
     parent_pid = spec.parent_pid
@@ -140,8 +150,8 @@ def _watch_parent(spec: EngineSpec, stop: threading.Event) -> None:
             gone = False
         if gone or os.getppid() != parent_pid:
             break
+    _stop_soon(stop)
     log.warning("the API process (pid %d) is gone; engine process exiting", parent_pid)
-    stop.set()
     # Nobody else will remove the API process's private socket directory now.
     sockets = Path(spec.commands_address.removeprefix("ipc://")).parent
     if sockets.name.startswith("radixkv-"):
@@ -151,4 +161,11 @@ def _watch_parent(spec: EngineSpec, stop: threading.Event) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything that matters is closed above; skip interpreter finalization, which can hang on
+    # threads left by libraries (compile workers, daemon threads waiting for the GIL).
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
