@@ -266,16 +266,10 @@ def _format_target(t: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from radixkv.engine import setup
-    from radixkv.engine.args import engine_config_from_args
+    from radixkv.bench.engine_driver import load_for_bench
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    base = engine_config_from_args(args)
-    device = setup.resolve_device(base.model.device)
-    dtype = setup.resolve_dtype(base.model.dtype, device)
     t0 = time.perf_counter()
-    lm = setup.load(base.model.path, device, dtype)
+    base, lm, device, dtype = load_for_bench(args)
     print(
         f"model {base.model.path or 'default (SmolLM2-135M-Instruct)'} on {device}/{dtype} "
         f"loaded in {time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}",

@@ -4,6 +4,7 @@ requests in flight), steps the engine, and records TTFT and token counts per req
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,3 +106,21 @@ def drive(
     wall = time.perf_counter() - start
     ordered = [records[k] for k in sorted(records)]
     return RunResult(ordered, wall, engine.metrics().num_preemptions - pre0)
+
+
+def load_for_bench(args: argparse.Namespace) -> tuple[Any, Any, str, Any]:
+    """The in-process benchmarks' common start: torch threads from `--threads`, the engine config
+    from the engine flags, and the model loaded once on its resolved device and dtype, so every
+    configuration a benchmark builds shares one copy of the weights.
+    (config, LoadedModel, device, dtype)."""
+    import torch
+
+    from radixkv.engine import setup
+    from radixkv.engine.args import engine_config_from_args
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    base = engine_config_from_args(args)
+    device = setup.resolve_device(base.model.device)
+    dtype = setup.resolve_dtype(base.model.dtype, device)
+    return base, setup.load(base.model.path, device, dtype), device, dtype

@@ -94,16 +94,9 @@ def run_policy(lm: Any, base: Any, policy: str, reqs: list[tuple[list[int], int,
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
+    from radixkv.bench.engine_driver import load_for_bench
 
-    from radixkv.engine import setup
-    from radixkv.engine.args import engine_config_from_args
-
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    base = engine_config_from_args(args)
-    device = setup.resolve_device(base.model.device)
-    lm = setup.load(base.model.path, device, setup.resolve_dtype(base.model.dtype, device))
+    base, lm, device, _ = load_for_bench(args)
     reqs = _requests(args, int(lm.config.vocab_size))
     print(f"{len(reqs)} requests, {sum(len(r[0]) for r in reqs):,} prompt tokens", flush=True)
     rows = []

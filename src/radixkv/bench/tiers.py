@@ -198,15 +198,9 @@ def format_table(results: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from radixkv.engine import setup
-    from radixkv.engine.args import engine_config_from_args
+    from radixkv.bench.engine_driver import load_for_bench
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    base = engine_config_from_args(args)
-    device = setup.resolve_device(base.model.device)
-    dtype = setup.resolve_dtype(base.model.dtype, device)
-    lm = setup.load(base.model.path, device, dtype)
+    base, lm, _, dtype = load_for_bench(args)
     mc = lm.config
     elem = torch.empty((), dtype=dtype).element_size()
     token_bytes = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * elem
