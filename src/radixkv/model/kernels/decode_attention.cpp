@@ -1,0 +1,183 @@
+// Decode attention over a slot-indexed KV pool, for CPU: one query token per request attends to
+// its context's K/V rows read in place from the pool (no gather copy), f32 scores, softmax and
+// accumulation. One work item per request (or per (request, KV head) when requests are fewer than
+// threads): the G query heads of a KV head share every K/V row loaded (grouped-query attention
+// without repeating K/V). Two passes over the context: scores (K rows), then the
+// softmax-weighted sum (V rows); each row is read once per pass, prefetched a few tokens ahead.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float to_f(float x) { return x; }
+inline float to_f(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_f(c10::Half x) { return static_cast<float>(x); }
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// 16 elements of a row as f32 lanes.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t d) {
+  if (d % 16 != 0) {
+    float s = 0.f;
+    for (int64_t i = 0; i < d; ++i) s += q[i] * to_f(k[i]);
+    return s;
+  }
+  __m512 a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load16(k + i), a);
+  return _mm512_reduce_add_ps(a);
+}
+template <typename T>
+inline void axpy(float w, const T* v, float* acc, int64_t d) {
+  if (d % 16 != 0) {
+    for (int64_t i = 0; i < d; ++i) acc[i] += w * to_f(v[i]);
+    return;
+  }
+  const __m512 ww = _mm512_set1_ps(w);
+  for (int64_t i = 0; i < d; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(ww, load16(v + i), _mm512_loadu_ps(acc + i)));
+}
+#else
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t d) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < d; ++i) s += q[i] * to_f(k[i]);
+  return s;
+}
+
+template <typename T>
+inline void axpy(float a, const T* v, float* acc, int64_t d) {
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) acc[i] += a * to_f(v[i]);
+}
+
+#endif
+
+// Prefetch one pool row (the KV heads [h0, h1) of a slot) a few tokens ahead: the context's rows
+// are scattered, so the hardware prefetcher cannot guess the next one.
+template <typename T>
+inline void prefetch_row(const T* row, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+}
+
+constexpr int64_t kAhead = 4;  // tokens of prefetch distance
+
+// One request's heads [h0, h1): pass 1 reads K rows into f32 scores, then a softmax per query head,
+// pass 2 accumulates the V rows weighted by it. `qf`, `acc` hold (h1 - h0) * G * D floats, `sc`
+// (h1 - h0) * G * W.
+template <typename T>
+void attend_one(const T* qp, const T* kp, const T* vp, T* op, const int64_t* rs, int64_t n,
+                int64_t h0, int64_t h1, int64_t G, int64_t D, int64_t W, int64_t k_row,
+                int64_t v_row, int64_t k_head, int64_t v_head, float scale, float* qf,
+                float* acc, float* sc) {
+  const int64_t nh = (h1 - h0) * G;  // query heads handled here
+  for (int64_t j = 0; j < nh; ++j)
+    for (int64_t i = 0; i < D; ++i) qf[j * D + i] = to_f(qp[(h0 * G + j) * D + i]) * scale;
+  const int64_t span = ((h1 - h0 - 1) * k_head + D) * static_cast<int64_t>(sizeof(T));
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + kAhead < n) prefetch_row(kp + rs[t + kAhead] * k_row + h0 * k_head, span);
+    const T* kr = kp + rs[t] * k_row;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t j = (h - h0) * G + g;
+        sc[j * W + t] = dot(qf + j * D, kr + h * k_head, D);
+      }
+  }
+  for (int64_t j = 0; j < nh; ++j) {
+    float* s = sc + j * W;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) m = std::max(m, s[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < n; ++t) {
+      s[t] = std::exp(s[t] - m);
+      sum += s[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+  }
+  std::fill(acc, acc + nh * D, 0.f);
+  const int64_t vspan = ((h1 - h0 - 1) * v_head + D) * static_cast<int64_t>(sizeof(T));
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + kAhead < n) prefetch_row(vp + rs[t + kAhead] * v_row + h0 * v_head, vspan);
+    const T* vr = vp + rs[t] * v_row;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t j = (h - h0) * G + g;
+        axpy(sc[j * W + t], vr + h * v_head, acc + j * D, D);
+      }
+  }
+  for (int64_t j = 0; j < nh; ++j)
+    for (int64_t i = 0; i < D; ++i) op[(h0 * G + j) * D + i] = static_cast<T>(acc[j * D + i]);
+}
+
+template <typename T>
+void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+         const torch::Tensor& slots, const torch::Tensor& lens, torch::Tensor& out, double scale) {
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t KV = k.size(1), G = H / KV, W = slots.size(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  // A work item is a whole request (its rows are read front to back, all KV heads at once) unless
+  // there are fewer requests than threads; then it is one (request, KV head).
+  const int64_t per = R < at::get_num_threads() ? 1 : KV;
+  const int64_t items = R * (KV / per);
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(per * G * D), acc(per * G * D), sc(per * G * W);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / (KV / per), h0 = (item % (KV / per)) * per;
+      attend_one(qp + r * H * D, kp, vp, op + r * H * D, sp + r * W, lp[r], h0, h0 + per, G, D,
+                 W, k.stride(0), v.stride(0), k.stride(1), v.stride(1),
+                 static_cast<float>(scale), qf.data(), acc.data(), sc.data());
+    }
+  });
+}
+
+}  // namespace
+
+// q [R, H, D] contiguous; k, v [N, KV, D] (rows addressed by slot, last dim contiguous);
+// slots [R, W] int64 (row r's first lens[r] entries are its context); lens [R] int64 >= 1.
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor slots, torch::Tensor lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "q, k, v dtypes differ");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v rows must be contiguous");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(slots.scalar_type() == torch::kLong && lens.scalar_type() == torch::kLong,
+              "slots and lens must be int64");
+  q = q.contiguous();
+  slots = slots.contiguous();
+  lens = lens.contiguous();
+  auto out = torch::empty_like(q);
+  switch (q.scalar_type()) {
+    case torch::kFloat: run<float>(q, k, v, slots, lens, out, scale); break;
+    case torch::kBFloat16: run<c10::BFloat16>(q, k, v, slots, lens, out, scale); break;
+    case torch::kHalf: run<c10::Half>(q, k, v, slots, lens, out, scale); break;
+    default: TORCH_CHECK(false, "unsupported dtype ", q.scalar_type());
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention,
+        "One-query decode attention reading K/V from the pool by slot (f32 accumulation)");
+}
