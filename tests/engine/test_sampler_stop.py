@@ -60,3 +60,30 @@ def test_text_stream_hold_back_released_when_no_match() -> None:
     ts.push(2)
     assert ts.take(False) == "bcd"
     assert ts.take(True) == "" and ts.text == "abcd"
+
+
+def test_sampled_frequencies_match_the_softmax() -> None:
+    """The inverse-CDF draw samples the tempered softmax (batched path: temperature only), and
+    never a token of zero probability (top-k path)."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -30.0])
+    params = [SamplingParams(temperature=0.7, seed=s) for s in range(4)]
+    gens = [make_generator(s) for s in range(4)]
+    counts = torch.zeros(6)
+    draws = 5000
+    for _ in range(draws):
+        for tok in sample(logits.expand(4, 6), params, gens):
+            counts[tok] += 1
+    expected = torch.softmax(logits / 0.7, dim=-1)
+    assert torch.allclose(counts / counts.sum(), expected, atol=0.01), counts / counts.sum()
+    k3 = [SamplingParams(temperature=3.0, top_k=3)] * 2
+    seen = {t for _ in range(500) for t in sample(logits.expand(2, 6), k3, [gens[0], gens[1]])}
+    assert seen == {0, 1, 2}
+
+
+def test_batched_and_single_row_draws_agree() -> None:
+    """A row draws the same token alone or in a batch (one uniform from its own generator)."""
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(3))
+    params = [SamplingParams(temperature=1.0 + i / 4, seed=i) for i in range(5)]
+    batched = sample(logits, params, [make_generator(i) for i in range(5)])
+    single = [sample_one(logits[i], params[i], make_generator(i)) for i in range(5)]
+    assert batched == single
