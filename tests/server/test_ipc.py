@@ -210,7 +210,15 @@ class _SlowPrefill(FakeEngine):
 
 def test_core_one_message_per_step_in_order() -> None:
     """EngineCore without a transport: what each message holds, and in which order."""
-    from radixkv.server.engine_core import AbortCmd, AddCmd, CallCmd, EngineCore, Outputs, StopCmd
+    from radixkv.server.engine_core import (
+        BURST_GAP_S,
+        AbortCmd,
+        AddCmd,
+        CallCmd,
+        EngineCore,
+        Outputs,
+        StopCmd,
+    )
 
     script: list[list[Any]] = [
         [
@@ -226,7 +234,13 @@ def test_core_one_message_per_step_in_order() -> None:
     ]
     sent: list[Outputs] = []
     core = EngineCore(_SlowPrefill())
-    assert core.run(lambda _t: script.pop(0) if script else [StopCmd()], sent.append) is None
+
+    def recv(timeout: float) -> list[Any]:
+        if timeout == BURST_GAP_S:  # the idle engine looks for a burst: nothing more came
+            return []
+        return script.pop(0) if script else [StopCmd()]
+
+    assert core.run(recv, sent.append) is None
     first = sent[0]
     assert [rid for rid, _ in first.accepted] == ["a", "b"]
     assert first.accepted[0][1] is None and first.accepted[1][1] is not None
@@ -237,3 +251,29 @@ def test_core_one_message_per_step_in_order() -> None:
     assert sent[1].deltas == [] and sent[1].steps == 2
     assert [len(o.deltas) for o in sent[2:]] == [1, 1] and sent[-1].deltas[0].finished
     assert sent[-1].metrics is not None and sent[-1].metrics.running_requests == 0
+
+
+def test_idle_engine_takes_a_burst_before_its_first_step() -> None:
+    """Requests arriving one by one right behind the one that woke an idle engine all join its
+    first step (one prefill batch); a busy engine never waits for more."""
+    from radixkv.server.engine_core import AddCmd, EngineCore, Outputs, StopCmd
+
+    def add(rid: str) -> AddCmd:
+        return AddCmd(rid, [5, 6, 7], SamplingParams(max_tokens=2), NO_OPTIONS)
+
+    arrivals: list[list[Any]] = [[add("a")], [add("b")], [add("c")], [], [add("late")]]
+    timeouts: list[float] = []
+
+    def recv(timeout: float) -> list[Any]:
+        timeouts.append(timeout)
+        return arrivals.pop(0) if arrivals else [StopCmd()]
+
+    sent: list[Outputs] = []
+    engine = FakeEngine()
+    assert EngineCore(engine).run(recv, sent.append) is None
+    assert [rid for rid, _ in sent[0].accepted] == ["a", "b", "c"]
+    assert sent[0].metrics is not None and sent[0].metrics.running_requests == 3
+    # The burst ended at the first empty receive; "late" came with the busy engine's next
+    # non-blocking poll, not by waiting.
+    assert timeouts[:4] == [0.5, 0.003, 0.003, 0.003] and timeouts[4] == 0.0
+    assert [rid for rid, _ in sent[1].accepted] == ["late"]
