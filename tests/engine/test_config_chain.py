@@ -37,7 +37,7 @@ FLAT_DEFAULTS = {
     "schedule_policy": "lpm",
     "cache": "radix",
     "disable_radix_cache": False,
-    "chunked_prefill_size": 512,
+    "chunked_prefill_size": 2048,
     "max_running_requests": 32,
     "max_queued_requests": 256,
     "num_slots": None,

@@ -204,7 +204,7 @@ class SchedulerConfig(Section):
         "lpm: longest cached prefix first; fcfs: arrival order",
         choices=SCHEDULE_POLICIES,
     )
-    chunked_prefill_size: int = opt(512, "max new prompt tokens per step", min=1)
+    chunked_prefill_size: int = opt(2048, "max new prompt tokens per step", min=1)
     max_running_requests: int = opt(32, "requests decoded together", min=1)
     max_queued_requests: int = opt(
         256, "waiting-queue bound; past it new requests are refused (503)", min=0
