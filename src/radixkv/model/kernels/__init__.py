@@ -1,11 +1,15 @@
 """C++ CPU kernels, built on first use with torch's extension builder (g++ and ninja).
 
-`decode_attention()` returns the one-query-per-request attention kernel of
-`decode_attention.cpp`, or None where it cannot be built (no compiler, a non-x86 CPU without the
-build tools, or `RADIXKV_CPU_KERNELS=0`); callers then fall back to gather + SDPA. The build
-(about 20-50 s, once) lands under the RadixKV cache directory, in a folder named after the torch
-version and this CPU's instruction-set flags (the code is compiled with -march=native), and is
-reused by every later process on the same machine.
+- `decode_attention()`: one query per request attending to its context's K/V read in place from
+  the pool (`decode_attention.cpp`); the fallback is gather + SDPA.
+- `small_gemm(dtype)`: x W^T for the few rows of a decode step, from a weight repacked in blocks
+  of 16 outputs (`small_gemm.cpp`, AVX-512 / AVX-512 BF16); the fallback is oneDNN.
+
+Each returns None where the kernels cannot be built (no compiler, `RADIXKV_CPU_KERNELS=0`) or the
+CPU lacks the instructions; callers then take the fallback. The build (about 30-60 s, once) lands
+under the RadixKV cache directory, in a folder named after the torch version and this CPU's
+instruction-set flags (the code is compiled with -march=native), and is reused by every later
+process on the same machine.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,7 +31,10 @@ log = logging.getLogger(__name__)
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
 ]
-SOURCE = Path(__file__).with_name("decode_attention.cpp")
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("bindings.cpp", "decode_attention.cpp", "small_gemm.cpp")
+]
 
 
 def _cpu_tag() -> str:
@@ -60,9 +68,9 @@ def _ensure_ninja_on_path() -> None:
 
 
 @cache
-def decode_attention() -> DecodeKernel | None:
-    """The compiled kernel `(q [R,H,D], k [N,KV,D], v [N,KV,D], slots [R,W], lens [R], scale) →
-    out [R,H,D]`, or None (logged once) where it is disabled or cannot be built."""
+def cpu_kernels() -> Any:
+    """The built extension module, or None (logged once) where it is disabled or cannot be
+    built."""
     if os.environ.get("RADIXKV_CPU_KERNELS", "1") == "0":
         return None
     try:
@@ -75,14 +83,37 @@ def decode_attention() -> DecodeKernel | None:
         if os.uname().machine in ("x86_64", "AMD64"):
             flags.append("-march=native")
         module = load(
-            name="radixkv_decode_attention",
-            sources=[str(SOURCE)],
+            name="radixkv_cpu_kernels",
+            sources=[str(src) for src in SOURCES],
             extra_cflags=flags,
             build_directory=str(path),
             verbose=False,
         )
-    except Exception as exc:  # any build failure means "use the fallback"
-        log.warning("C++ decode attention unavailable (%s); using gather + SDPA", exc)
+    except Exception as exc:  # any build failure means "use the fallbacks"
+        log.warning("C++ CPU kernels unavailable (%s); using torch's kernels", exc)
+        return None
+    return module
+
+
+def decode_attention() -> DecodeKernel | None:
+    """`(q [R,H,D], k [N,KV,D], v [N,KV,D], slots [R,W], lens [R], scale) → out [R,H,D]`."""
+    module = cpu_kernels()
+    if module is None:
         return None
     fn: DecodeKernel = module.decode_attention
     return fn
+
+
+def small_gemm(dtype: torch.dtype) -> Any:
+    """The module whose `small_gemm_pack(w)` / `small_gemm(x, packed, n, bias_f32)` serve
+    `dtype` on this CPU, or None ($RADIXKV_SMALL_GEMM=0 turns them off)."""
+    if os.environ.get("RADIXKV_SMALL_GEMM", "1") == "0":
+        return None
+    module = cpu_kernels()
+    if module is None:
+        return None
+    if dtype == torch.float32 and module.small_gemm_f32_supported():
+        return module
+    if dtype == torch.bfloat16 and module.small_gemm_bf16_supported():
+        return module
+    return None

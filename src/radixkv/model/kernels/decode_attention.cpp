@@ -176,8 +176,3 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   }
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention,
-        "One-query decode attention reading K/V from the pool by slot (f32 accumulation)");
-}
