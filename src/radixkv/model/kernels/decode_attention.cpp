@@ -50,7 +50,57 @@ inline void axpy(float w, const T* v, float* acc, int64_t d) {
   for (int64_t i = 0; i < d; i += 16)
     _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(ww, load16(v + i), _mm512_loadu_ps(acc + i)));
 }
+
+// exp for x <= 0 (softmax arguments after the max is subtracted): 2^k * p(r), r = x - k ln 2 in
+// [-ln2/2, ln2/2], p the degree-6 Taylor polynomial (relative error < 2e-7); below -87 it is 0.
+inline __m512 exp_neg(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, k);
+}
+// In-place softmax of s[0, n), 16 lanes at a time (the tail under a mask).
+inline void softmax(float* s, int64_t n) {
+  __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    mv = _mm512_mask_max_ps(mv, live, mv, _mm512_maskz_loadu_ps(live, s + t));
+  }
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + t), m));
+    sum = _mm512_mask_add_ps(sum, live, sum, e);
+    _mm512_mask_storeu_ps(s + t, live, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    _mm512_mask_storeu_ps(s + t, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + t), inv));
+  }
+}
 #else
+inline void softmax(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) m = std::max(m, s[t]);
+  float sum = 0.f;
+  for (int64_t t = 0; t < n; ++t) {
+    s[t] = std::exp(s[t] - m);
+    sum += s[t];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+}
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t d) {
   float s = 0.f;
@@ -75,7 +125,7 @@ inline void prefetch_row(const T* row, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
 
-constexpr int64_t kAhead = 4;  // tokens of prefetch distance
+constexpr int64_t kAhead = 12;  // tokens of prefetch distance
 
 // One request's heads [h0, h1): pass 1 reads K rows into f32 scores, then a softmax per query head,
 // pass 2 accumulates the V rows weighted by it. `qf`, `acc` hold (h1 - h0) * G * D floats, `sc`
@@ -98,18 +148,7 @@ void attend_one(const T* qp, const T* kp, const T* vp, T* op, const int64_t* rs,
         sc[j * W + t] = dot(qf + j * D, kr + h * k_head, D);
       }
   }
-  for (int64_t j = 0; j < nh; ++j) {
-    float* s = sc + j * W;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) m = std::max(m, s[t]);
-    float sum = 0.f;
-    for (int64_t t = 0; t < n; ++t) {
-      s[t] = std::exp(s[t] - m);
-      sum += s[t];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t t = 0; t < n; ++t) s[t] *= inv;
-  }
+  for (int64_t j = 0; j < nh; ++j) softmax(sc + j * W, n);
   std::fill(acc, acc + nh * D, 0.f);
   const int64_t vspan = ((h1 - h0 - 1) * v_head + D) * static_cast<int64_t>(sizeof(T));
   for (int64_t t = 0; t < n; ++t) {
