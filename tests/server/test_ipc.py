@@ -277,3 +277,15 @@ def test_idle_engine_takes_a_burst_before_its_first_step() -> None:
     # non-blocking poll, not by waiting.
     assert timeouts[:4] == [0.5, 0.003, 0.003, 0.003] and timeouts[4] == 0.0
     assert [rid for rid, _ in sent[1].accepted] == ["late"]
+
+
+def test_engine_process_keeps_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine process tunes glibc's malloc (applied on glibc, off with the variable)."""
+    import platform
+
+    from radixkv.server.engine_proc_main import keep_freed_memory
+
+    if platform.libc_ver()[0] == "glibc":
+        assert keep_freed_memory() is True
+    monkeypatch.setenv("RADIXKV_MALLOC_TUNE", "0")
+    assert keep_freed_memory() is False
