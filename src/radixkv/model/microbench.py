@@ -1,9 +1,10 @@
 """Micro-benchmarks of the model layer (no engine): `python -m radixkv.model.microbench`.
 
-1. Attention kernels on CPU: torch SDPA vs gather + matmul/softmax (our TorchAttention), for a
-   causal prefill of one request and a batched one-query decode, in float32 and bfloat16, with the
-   default model's head layout (9 query heads, 3 KV heads, head_dim 64). Both variants read K/V
-   from a pool by slot index, so the gather cost is included in both.
+1. Attention kernels on CPU: torch SDPA vs gather + matmul/softmax vs the C++ kernels (all through
+   our TorchAttention), for a causal prefill of one request and a batched one-query decode, in
+   float32 and bfloat16, with the default model's head layout (9 query heads, 3 KV heads,
+   head_dim 64). Every variant reads K/V from a pool by slot index, so the gather cost is
+   included in the torch ones.
 2. The default model end to end: prefill tokens/s and single-request decode tokens/s.
 3. `--steps-ab plain,packed,compiled`: one decode step of B requests after P-token prompts for
    each variant of the default model (plain F.linear weights / oneDNN-packed / packed + compiled),
@@ -59,15 +60,20 @@ def _attention_case(
 
 
 def attention_bench(prefill_len: int, decode_batch: int, decode_ctx: int, repeats: int) -> dict:
-    """ms per layer call of each kernel: one causal prefill, and a batched one-query decode."""
+    """ms per layer call of each kernel: one causal prefill, and a batched one-query decode
+    (`cpp`: the C++ extend and decode kernels, where they build)."""
+    from radixkv.model.kernels import decode_attention, extend_attention
+
     results: dict[str, dict[str, float]] = {}
     kernels = {name: TorchAttention(name) for name in ("matmul", "sdpa")}
+    if decode_attention() is not None and extend_attention() is not None:
+        kernels["cpp"] = TorchAttention("sdpa", decode_attention(), extend_attention())
     for dtype in (torch.float32, torch.bfloat16):
         total = max(prefill_len, decode_batch * decode_ctx)
         k_cache = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
         slots = torch.randperm(total)
         cases = {
-            "prefill": _batch([prefill_len], [prefill_len], slots),
+            "prefill": _batch([prefill_len], [prefill_len], slots[:prefill_len]),
             "decode": _batch([decode_ctx] * decode_batch, [1] * decode_batch, slots),
         }
         results[str(dtype).removeprefix("torch.")] = {

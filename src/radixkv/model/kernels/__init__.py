@@ -2,6 +2,9 @@
 
 - `decode_attention()`: one query per request attending to its context's K/V read in place from
   the pool (`decode_attention.cpp`); the fallback is gather + SDPA.
+- `extend_attention()`: the new tokens of prefill chunks attending causally (optionally within a
+  sliding window) to their contexts' K/V read in place from the pool, flash-attention style
+  (`extend_attention.cpp`); the fallback is gather + SDPA.
 - `small_gemm(dtype)`: x W^T for the few rows of a decode step, from a weight repacked in blocks
   of 16 outputs (`small_gemm.cpp`, AVX-512 / AVX-512 BF16); the fallback is oneDNN.
 
@@ -33,7 +36,7 @@ DecodeKernel = Callable[
 ]
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("bindings.cpp", "decode_attention.cpp", "small_gemm.cpp")
+    for name in ("bindings.cpp", "decode_attention.cpp", "extend_attention.cpp", "small_gemm.cpp")
 ]
 
 
@@ -101,6 +104,22 @@ def decode_attention() -> DecodeKernel | None:
     if module is None:
         return None
     fn: DecodeKernel = module.decode_attention
+    return fn
+
+
+ExtendKernel = Callable[..., torch.Tensor]
+
+
+def extend_attention() -> ExtendKernel | None:
+    """`(q [T,H,D], k, v [N,KV,D], slots, ctx_start, q_start, new_len, prefix, window, scale)
+    → out [T,H,D]`: see `extend_attention.cpp` for the argument contract
+    ($RADIXKV_EXTEND_KERNEL=0 turns it off)."""
+    if os.environ.get("RADIXKV_EXTEND_KERNEL", "1") == "0":
+        return None
+    module = cpu_kernels()
+    if module is None or not module.extend_attention_supported():
+        return None
+    fn: ExtendKernel = module.extend_attention
     return fn
 
 

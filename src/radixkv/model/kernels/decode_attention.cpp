@@ -12,23 +12,13 @@
 #include <limits>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-inline float to_f(float x) { return x; }
-inline float to_f(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float to_f(c10::Half x) { return static_cast<float>(x); }
+using namespace radixkv_simd;
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-// 16 elements of a row as f32 lanes.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t d) {
   if (d % 16 != 0) {
@@ -51,23 +41,6 @@ inline void axpy(float w, const T* v, float* acc, int64_t d) {
     _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(ww, load16(v + i), _mm512_loadu_ps(acc + i)));
 }
 
-// exp for x <= 0 (softmax arguments after the max is subtracted): 2^k * p(r), r = x - k ln 2 in
-// [-ln2/2, ln2/2], p the degree-6 Taylor polynomial (relative error < 2e-7); below -87 it is 0.
-inline __m512 exp_neg(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, k);
-}
 // In-place softmax of s[0, n), 16 lanes at a time (the tail under a mask).
 inline void softmax(float* s, int64_t n) {
   __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
