@@ -96,16 +96,20 @@ def test_cpp_decode_kernel_matches_naive(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 40])
-def test_cpp_decode_kernel_wide_heads(dtype: torch.dtype, head_dim: int) -> None:
-    """head_dim 64 takes the vector loop (bf16 rows widened to f32 lanes); K/V are one layer's
-    rows of a larger pool tensor, so rows are strided as in the engine's pool."""
+@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 128, 256])
+@pytest.mark.parametrize(("r", "grp"), [(5, 3), (1, 3), (5, 1), (4, 8)])
+def test_cpp_decode_kernel_wide_heads(dtype: torch.dtype, head_dim: int, r: int, grp: int) -> None:
+    """head_dim a multiple of 16 takes the vector path (16 keys per transposing add tree, values
+    accumulated in registers over groups of query heads; bf16 rows widened to f32 lanes), 40 the
+    scalar loop; one request (fewer than threads) is split by KV head. K/V are one layer's rows
+    of a larger pool tensor, so rows are strided as in the engine's pool; context lengths cover
+    partial 16-key blocks and the prefetch distance."""
     kernel = _cpp_kernel()
-    g = torch.Generator().manual_seed(head_dim)
-    r, kv, grp, n = 5, 3, 3, 200
+    g = torch.Generator().manual_seed(head_dim + r + grp)
+    kv, n = 3, 200
     pool = torch.randn(2, n, kv, head_dim, generator=g).to(dtype)
     k, v = pool[0], pool[1]
-    lens = torch.tensor([1, 17, 64, 100, 33])
+    lens = torch.tensor([100, 17, 64, 1, 33][:r])
     slots = torch.stack([torch.randperm(n, generator=g)[:100] for _ in range(r)])
     q = torch.randn(r, kv * grp, head_dim, generator=g).to(dtype)
     got = kernel(q, k, v, slots, lens, head_dim**-0.5).float()
