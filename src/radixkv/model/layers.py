@@ -55,7 +55,10 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] by per-token angles (HF `rotate_half` convention)."""
+    """Rotate x [T, heads, head_dim] by per-token angles (HF `rotate_half` convention:
+    x * cos + rotate_half(x) * sin, written per half so that no rotated copy of x is built and
+    the compiler fuses it into one loop; the two halves of the cos/sin tables are equal)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
