@@ -121,6 +121,25 @@ def test_peers_table_ratios_and_start_lines() -> None:
     json.dumps(result)
 
 
+def test_peers_table_takes_the_median_of_rounds() -> None:
+    def run(engine: str, dur: float, rnd: int) -> dict[str, object]:
+        v = {"duration": dur, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0, "output_throughput": 1.0}
+        return {
+            "engine": engine,
+            "dtype": "float32",
+            "round": rnd,
+            "server": {"command": f"start {engine}"},
+            "random": {"vllm_client": v, "radixkv_client": _our(dur, 0.1, 0.01)},
+        }
+
+    runs = [run("radixkv", d, i) for i, d in enumerate((8, 30, 9))]
+    runs += [run("vllm", d, i) for i, d in enumerate((10, 10, 12))]
+    md = peers_table({"workloads": dict.fromkeys(WORKLOADS), "runs": runs})
+    assert "| random | vllm | float32 | duration (s) | 9.0 | 10.0 | 0.90x |" in md
+    assert "median of 3 rounds" in md
+    assert md.count("- vllm float32:") == 1
+
+
 def test_reports_carry_no_machine_paths() -> None:
     from radixkv.bench.peers import scrub
 

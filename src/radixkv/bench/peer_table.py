@@ -3,7 +3,11 @@ regenerated from a saved JSON)."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from typing import Any
+
+Metrics = Callable[[dict[str, Any]], dict[str, float | None]]
 
 
 def _vllm_metrics(r: dict[str, Any]) -> dict[str, float | None]:
@@ -36,11 +40,24 @@ def _fmt(v: float | None, pct: bool = False) -> str:
     return f"{100 * v:.1f}%" if pct else f"{v:,.1f}"
 
 
+def _medians(runs: list[dict[str, Any]], wl: str, client: str, metrics: Metrics) -> dict:
+    """Each metric's median over the rounds of one (engine, dtype)."""
+    per_round = [metrics(r[wl][client]) for r in runs]
+    out: dict[str, float | None] = {}
+    for name in per_round[0]:
+        vals = [v for m in per_round if (v := m[name]) is not None]
+        out[name] = statistics.median(vals) if vals else None
+    return out
+
+
 def peers_table(result: dict[str, Any]) -> str:
-    """Rows: workload x client x dtype x metric; columns: each engine, then radixkv / vllm."""
+    """Rows: workload x client x dtype x metric; columns: each engine, then radixkv / vllm.
+    With several rounds every cell is the median over them."""
     runs = result["runs"]
     engines = list(dict.fromkeys(r["engine"] for r in runs))
-    by = {(r["engine"], r["dtype"]): r for r in runs}
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault((r["engine"], r["dtype"]), []).append(r)
     dtypes = list(dict.fromkeys(r["dtype"] for r in runs))
     workloads = [k for k in result["workloads"] if any(k in r for r in runs)]
     ratio = len(engines) == 2 and "radixkv" in engines
@@ -50,7 +67,9 @@ def peers_table(result: dict[str, Any]) -> str:
     for wl in workloads:
         for client, metrics in (("vllm_client", _vllm_metrics), ("radixkv_client", _our_metrics)):
             for dt in dtypes:
-                vals = {e: metrics(by[(e, dt)][wl][client]) for e in engines if (e, dt) in by}
+                vals = {
+                    e: _medians(by[(e, dt)], wl, client, metrics) for e in engines if (e, dt) in by
+                }
                 names = next(iter(vals.values())).keys() if vals else []
                 for m in names:
                     pct = m == "token hit rate"
@@ -61,5 +80,13 @@ def peers_table(result: dict[str, Any]) -> str:
                         r = a / b if a and b and not pct else None
                         row.append("-" if r is None else f"{r:.2f}x")
                     lines.append("| " + " | ".join(row) + " |")
-    started = [f"- {r['engine']} {r['dtype']}: `{r['server']['command']}`" for r in runs]
-    return "\n".join(lines) + "\n\nHow each server was started:\n\n" + "\n".join(started)
+    rounds = max(len(v) for v in by.values()) if by else 0
+    note = (
+        f"\n\nEvery cell is the median of {rounds} rounds (a fresh server each, the engines' "
+        "order rotated from round to round)."
+        if rounds > 1
+        else ""
+    )
+    firsts = [v[0] for v in by.values()]
+    started = [f"- {r['engine']} {r['dtype']}: `{r['server']['command']}`" for r in firsts]
+    return "\n".join(lines) + note + "\n\nHow each server was started:\n\n" + "\n".join(started)

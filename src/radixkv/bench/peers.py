@@ -108,9 +108,10 @@ def _server(engine: str, args: argparse.Namespace, dtype: str, log: Path) -> Any
 
 
 def run_peers(args: argparse.Namespace) -> dict[str, Any]:
-    """Every (dtype, engine) once, each measured on every workload by both clients."""
+    """Every (dtype, engine) once per round, each measured on every workload by both clients.
+    Rounds rotate the engines' order, so a machine whose speed drifts (a shared host) weighs on
+    both alike; the table reports each metric's median over the rounds."""
     from radixkv.bench.compare import machine_info
-    from radixkv.bench.serve import served_model_name
     from radixkv.model.default import default_model_path
 
     out = Path(args.out)
@@ -118,32 +119,50 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
     if args.model_dir is None:
         args.model_dir = str(default_model_path())
     runs: list[dict[str, Any]] = []
-    for dtype in args.dtypes.split(","):
-        for engine in args.engines.split(","):
-            print(f"[{engine} {dtype}] starting", file=sys.stderr)
-            with _server(engine, args, dtype, out / f"server-{engine}-{dtype}.log") as srv:
-                import asyncio
-
-                model = asyncio.run(served_model_name(srv.url, None))
-                run: dict[str, Any] = {"engine": engine, "dtype": dtype, "server": srv.describe()}
-                for wl in args.workloads.split(","):
-                    print(f"[{engine} {dtype}] {wl}: vLLM client", file=sys.stderr)
-                    v = run_vllm_client(
-                        args.vllm_python, srv.url, model, args.model_dir, wl, out, args.seed
-                    )
-                    print(f"[{engine} {dtype}] {wl}: RadixKV client", file=sys.stderr)
-                    o = run_our_client(srv.url, model, args.model_dir, wl)
-                    run[wl] = {"vllm_client": v, "radixkv_client": o}
-                runs.append(run)
+    engines = args.engines.split(",")
+    for rnd in range(args.rounds):
+        for dtype in args.dtypes.split(","):
+            for engine in engines[rnd % len(engines) :] + engines[: rnd % len(engines)]:
+                runs.append(_measure(args, engine, dtype, rnd, out))
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": shlex.join(["radixkv", *sys.argv[1:]]),
         "machine": machine_info(),
+        "rounds": args.rounds,
         "workloads": {
             k: {"vllm_client": v[0], "radixkv_client": v[1]} for k, v in WORKLOADS.items()
         },
         "runs": runs,
     }
+
+
+def _measure(
+    args: argparse.Namespace, engine: str, dtype: str, rnd: int, out: Path
+) -> dict[str, Any]:
+    """One fresh server of `engine` in `dtype`, every workload by both clients, then stopped."""
+    import asyncio
+
+    from radixkv.bench.serve import served_model_name
+
+    tag = f"[{engine} {dtype} round {rnd + 1}/{args.rounds}]"
+    print(f"{tag} starting", file=sys.stderr)
+    with _server(engine, args, dtype, out / f"server-{engine}-{dtype}-r{rnd + 1}.log") as srv:
+        model = asyncio.run(served_model_name(srv.url, None))
+        run: dict[str, Any] = {
+            "engine": engine,
+            "dtype": dtype,
+            "round": rnd + 1,
+            "server": srv.describe(),
+        }
+        for wl in args.workloads.split(","):
+            print(f"{tag} {wl}: vLLM client", file=sys.stderr)
+            v = run_vllm_client(
+                args.vllm_python, srv.url, model, args.model_dir, wl, out, args.seed
+            )
+            print(f"{tag} {wl}: RadixKV client", file=sys.stderr)
+            o = run_our_client(srv.url, model, args.model_dir, wl)
+            run[wl] = {"vllm_client": v, "radixkv_client": o}
+    return run
 
 
 def table(result: dict[str, Any]) -> str:
@@ -188,6 +207,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--radixkv-args", default="", help="extra flags for `radixkv serve`")
     p.add_argument("--vllm-args", default="", help="extra flags for vLLM's api_server")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="fresh servers per engine, engines' order rotated"
+    )
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--out", default="bench-results/peers")
     p.set_defaults(func=_cmd_peers)
