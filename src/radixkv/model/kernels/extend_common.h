@@ -1,0 +1,106 @@
+// The parts of the extend-attention kernel (extend_attention.cpp) shared by its float32 and
+// bfloat16 products: the problem's description, work items, per-thread scratch, the mask and
+// the online softmax over one block of keys. Layout conventions: rows (query token x grouped
+// head, token-major) sit in vector lanes; S^T is [keys][kRows], O^T is [D][kRows].
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "simd.h"
+
+#if defined(__AVX512F__)
+namespace radixkv_extend {
+
+using namespace radixkv_simd;
+
+constexpr int64_t kRows = 64;  // query rows per work item (4 vectors of 16)
+constexpr int64_t kKeys = 64;  // keys per block
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x <= 0 that is exactly 0 below -87 (masked keys carry -inf and must weigh nothing).
+inline __m512 exp0(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  return _mm512_maskz_mov_ps(live, exp_neg(x));
+}
+
+// Pins a loaded vector in a register: without it GCC folds the load into each of the 4 FMAs
+// that use it (4x the loads, and the loops become load-bound).
+inline void keep(__m512& x) { asm volatile("" : "+v"(x)); }
+inline void keep(__m512i& x) { asm volatile("" : "+v"(x)); }
+
+struct Problem {
+  int64_t H, KV, G, D, window;  // window 0: none
+  int64_t q_row, k_row, v_row, k_head, v_head, o_row;  // strides in elements
+  float scale;
+  const int64_t* slots;      // concatenated contexts
+  const int64_t* ctx_start;  // [R] offset of request r's context in `slots`
+  const int64_t* q_start;    // [R] first row of request r in q / out
+  const int64_t* new_len;    // [R] e
+  const int64_t* prefix;     // [R] position of the first new token
+};
+
+struct Item {
+  int64_t r, h, t0, t1, cost;  // request, KV head, its query tokens [t0, t1), work estimate
+};
+
+// One thread's buffers: f32 operands (qt, kb, vb) or bf16 pairs (qt2, kb2, vb2, pt2), the
+// scores S^T, the output O^T and each row's position.
+struct Scratch {
+  std::vector<float> qt, kb, vb, st, ot, pos;
+  std::vector<uint32_t> qt2, kb2, vb2, pt2;
+  explicit Scratch(int64_t D)
+      : qt(D * kRows), kb(kKeys * D), vb(kKeys * D), st(kKeys * kRows), ot(D * kRows),
+        pos(kRows), qt2(D / 2 * kRows), kb2(kKeys * D / 2), vb2(kKeys / 2 * D),
+        pt2(kKeys / 2 * kRows) {}
+};
+
+// Masks S^T of one key block: key position j is visible to a row at position p iff j <= p and,
+// with a window W, j > p - W.
+template <int RV>
+inline void mask_block(const Problem& P, const float* pos, int64_t kb0, int64_t nk, float* st) {
+  const __m512 neg = _mm512_set1_ps(kNegInf);
+  for (int64_t c = 0; c < nk; ++c) {
+    const __m512 j = _mm512_set1_ps(static_cast<float>(kb0 + c));
+    for (int v = 0; v < RV; ++v) {
+      const __m512 p = _mm512_loadu_ps(pos + v * 16);
+      __mmask16 bad = _mm512_cmp_ps_mask(j, p, _CMP_GT_OQ);
+      if (P.window > 0)
+        bad |= _mm512_cmp_ps_mask(
+            j, _mm512_sub_ps(p, _mm512_set1_ps(static_cast<float>(P.window))), _CMP_LE_OQ);
+      _mm512_mask_storeu_ps(st + c * kRows + v * 16, bad, neg);
+    }
+  }
+}
+
+// Online softmax over one key block (in place: S^T becomes P^T); returns the rescale factors of
+// the earlier accumulation in `alpha`. Rows with no visible key so far keep m = -inf, P = 0.
+template <int RV>
+inline void softmax_block(float* st, int64_t nk, float* m, float* l, __m512* alpha) {
+  const __m512 neg = _mm512_set1_ps(kNegInf);
+  for (int v = 0; v < RV; ++v) {
+    __m512 bm = neg;
+    for (int64_t c = 0; c < nk; ++c)
+      bm = _mm512_max_ps(bm, _mm512_loadu_ps(st + c * kRows + v * 16));
+    const __m512 m_old = _mm512_loadu_ps(m + v * 16);
+    const __m512 m_new = _mm512_max_ps(m_old, bm);
+    // -inf (nothing visible yet) is replaced by 0 so that -inf - m stays -inf, never NaN.
+    const __m512 safe = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg, _CMP_EQ_OQ),
+                                           _mm512_setzero_ps());
+    alpha[v] = exp0(_mm512_sub_ps(m_old, safe));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nk; ++c) {
+      float* s = st + c * kRows + v * 16;
+      const __m512 e = exp0(_mm512_sub_ps(_mm512_loadu_ps(s), safe));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_storeu_ps(s, e);
+    }
+    _mm512_storeu_ps(l + v * 16, _mm512_fmadd_ps(_mm512_loadu_ps(l + v * 16), alpha[v], sum));
+    _mm512_storeu_ps(m + v * 16, m_new);
+  }
+}
+
+}  // namespace radixkv_extend
+#endif
