@@ -19,9 +19,11 @@ leaf whose head granules are ghosts is a reuse of those lives (it did come back)
 
 Constants and where they come from (never from the Mooncake traces): 64 sampled candidates
 (LHD's default); refit every 512 ticks with decay 0.9 (LHD's EWMA decay; the Claude Code
-traces are insensitive to 128..2048 ticks and 0.7..1.0); 8x ghosts (Claude Code: 4x / 8x /
-16x within 1 point); 4,096 tokens of smoothing prior and the log4 class boundaries with
-R <= 3, 7 gap and 4 depth buckets (the best of the grid tried on Claude Code, docs/eviction.md).
+traces are insensitive to 128..2048 ticks and 0.7..1.0), the first refit at tick 128, then at
+doubling ticks (Claude Code: first at 8 / 32 / 128 / 512 within 1.6 points, 128 best); 8x
+ghosts (Claude Code: 4x / 8x / 16x within 1 point); 4,096 tokens of smoothing prior and the
+log4 class boundaries with R <= 3, 7 gap and 4 depth buckets (the best of the grid tried on
+Claude Code, docs/eviction.md).
 
 Eviction samples up to `samples` evictable leaves uniformly (all of them when there are fewer)
 and pops the lowest index: O(samples) per leaf, independent of the cache size. Hooks are O(1)

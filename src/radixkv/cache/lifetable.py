@@ -13,7 +13,8 @@ long lives that are still running are never missing from the denominator.
 At-risk mass is counted as lives cross bucket edges, from a ring of live tokens per birth tick:
 exact ticks for the first `FINE` ticks of a life, then slots of `COARSE` ticks up to `HORIZON`
 (where every bucket is at least 8 slots wide); a life older than that is no longer tracked.
-Every `period` ticks the table is decayed (an exponentially weighted memory) and refitted into
+Every `period` ticks (at doubling ticks from WARMUP until then, so a fresh cache starts learning
+early) the table is decayed (an exponentially weighted memory) and refitted into
 an index per (class, age bucket): the Gittins-style hit density
 `max over T of E[reused tokens in (age, T)] / E[token-ticks held in (age, T)]`, which is the
 shadow price per token-tick below which holding the span is not worth its space (see
@@ -35,6 +36,7 @@ FINE = 1 << 10  # a life's first FINE ticks are tracked by exact birth tick
 COARSE = 1 << 5  # then in birth slots of COARSE ticks
 SLOTS = 1 << 11
 HORIZON = SLOTS * COARSE  # lives are tracked up to about this age (65,536 ticks)
+WARMUP = 128  # the first refit; then at doubling ticks until `period` apart
 
 
 def age_bucket(age: int) -> int:
@@ -84,7 +86,7 @@ class LifeTable:
         self.coarse = np.zeros((n, SLOTS), dtype=np.int64)
         self.index: list[list[float]] = [[0.0] * NB for _ in range(n)]  # 0: nothing known
         self.now = 0  # last tick processed
-        self._refit_at = period
+        self._refit_at = min(period, WARMUP)
         self.refits = 0
 
     # ---------------------------------------------------------------- clock
@@ -111,7 +113,7 @@ class LifeTable:
             if t % COARSE == COARSE - 1:  # a whole coarse slot reaches each coarse edge
                 risk[:, _COARSE_B] += coarse[:, ((t - COARSE + 1 - coarse_lo) // COARSE) % SLOTS]
             if t >= self._refit_at:  # at a fixed tick, however often `advance` is called
-                self._refit_at = t + self.period
+                self._refit_at = min(2 * t, t + self.period)  # warm-up: at doubling ticks
                 self.refit()
         self.now = t
 
