@@ -62,16 +62,19 @@ def _bucket_edges(n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 NB = 4 * (HORIZON.bit_length()) - 8 + 1  # bucket of HORIZON (a power of two) is the last
 LO, WIDTH = _bucket_edges(NB)
-_FINE_B = np.array([b for b in range(1, NB - 1) if LO[b] < FINE])
-_COARSE_B = np.array([b for b in range(1, NB - 1) if LO[b] >= FINE])
-assert (LO[_COARSE_B] % COARSE == 0).all() and (WIDTH[_COARSE_B] >= 8 * COARSE).all()
+_C0 = int(np.searchsorted(LO, FINE))  # buckets 1.._C0-1 have fine edges, _C0..NB-2 coarse
+_FINE_LO = LO[1:_C0]
+_COARSE_LO = LO[_C0 : NB - 1]
+assert (_COARSE_LO % COARSE == 0).all() and (WIDTH[_C0:] >= 8 * COARSE).all()
 
 
 class LifeTable:
     """Reuse / at-risk histograms per class and the index they imply (module docstring).
 
     Invariant (`live_tokens`): the rings hold exactly the tokens of tracked lives (born less
-    than about HORIZON ticks ago and not ended), each at its birth tick's slot."""
+    than about HORIZON ticks ago and not ended), each at its birth tick's slot. Arrays are
+    stored bucket- / slot-major (rows), so each tick's work is whole-row numpy operations;
+    `reuse` and `risk` are their [class, bucket] views."""
 
     def __init__(self, groups: Sequence[int], *, period: int, decay: float, prior: float) -> None:
         n = len(groups)
@@ -80,10 +83,12 @@ class LifeTable:
         self.period = period
         self.decay = decay
         self.prior = prior
-        self.reuse = np.zeros((n, NB))
-        self.risk = np.zeros((n, NB))
-        self.fine = np.zeros((n, FINE), dtype=np.int64)
-        self.coarse = np.zeros((n, SLOTS), dtype=np.int64)
+        self._reuse = np.zeros((NB, n))
+        self._risk = np.zeros((NB, n))
+        self.reuse = self._reuse.T  # [class, bucket] views of the same memory
+        self.risk = self._risk.T
+        self.fine = np.zeros((FINE, n), dtype=np.int64)  # [birth tick % FINE, class]
+        self.coarse = np.zeros((SLOTS, n), dtype=np.int64)  # [birth slot % SLOTS, class]
         self.index: list[list[float]] = [[0.0] * NB for _ in range(n)]  # 0: nothing known
         self.now = 0  # last tick processed
         self._refit_at = min(period, WARMUP)
@@ -97,21 +102,20 @@ class LifeTable:
         t = self.now
         if t >= now:
             return
-        fine, coarse, risk = self.fine, self.coarse, self.risk
-        fine_lo = LO[_FINE_B]
-        coarse_lo = LO[_COARSE_B]
+        fine, coarse, risk = self.fine, self.coarse, self._risk
         while t < now:
             t += 1
             old = t - FINE  # births at `old` are FINE ticks old now: move them
             if old >= 0:
                 s = (old // COARSE) % SLOTS
                 if old % COARSE == 0:
-                    coarse[:, s] = 0  # the slot's previous lives are past the horizon
-                coarse[:, s] += fine[:, t % FINE]
-            fine[:, t % FINE] = 0
-            risk[:, _FINE_B] += fine[:, (t - fine_lo) % FINE]
+                    coarse[s] = 0  # the slot's previous lives are past the horizon
+                coarse[s] += fine[t % FINE]
+            fine[t % FINE] = 0
+            risk[1:_C0] += fine.take((t - _FINE_LO) % FINE, axis=0)
             if t % COARSE == COARSE - 1:  # a whole coarse slot reaches each coarse edge
-                risk[:, _COARSE_B] += coarse[:, ((t - COARSE + 1 - coarse_lo) // COARSE) % SLOTS]
+                slots = ((t - COARSE + 1 - _COARSE_LO) // COARSE) % SLOTS
+                risk[_C0 : NB - 1] += coarse.take(slots, axis=0)
             if t >= self._refit_at:  # at a fixed tick, however often `advance` is called
                 self._refit_at = min(2 * t, t + self.period)  # warm-up: at doubling ticks
                 self.refit()
@@ -121,8 +125,8 @@ class LifeTable:
 
     def birth(self, c: int, tokens: int, now: int) -> None:
         """`tokens` start a life of class `c` at tick `now` (after `advance(now)`)."""
-        self.fine[c, now % FINE] += tokens
-        self.risk[c, 0] += tokens
+        self.fine[now % FINE, c] += tokens
+        self._risk[0, c] += tokens
 
     def tracked(self, born: int, now: int) -> bool:
         return now < born - born % COARSE + HORIZON + FINE
@@ -132,17 +136,17 @@ class LifeTable:
         age = now - born
         b = age_bucket(age)
         if age < FINE:
-            self.fine[c, born % FINE] -= tokens
+            self.fine[born % FINE, c] -= tokens
         elif self.tracked(born, now):
-            self.coarse[c, (born // COARSE) % SLOTS] -= tokens
+            self.coarse[(born // COARSE) % SLOTS, c] -= tokens
             if b == NB - 1:
                 return  # past the last edge: no longer at risk anywhere
             if now < born - born % COARSE + COARSE - 1 + LO[b]:
-                self.risk[c, b] += tokens  # its slot has not crossed this edge yet
+                self._risk[b, c] += tokens  # its slot has not crossed this edge yet
         else:
             return  # its slot was recycled: neither at risk nor a reuse
         if reused:
-            self.reuse[c, b] += tokens
+            self._reuse[b, c] += tokens
 
     def clear_lives(self) -> None:
         """Forget every running life (the cache was reset); the learned histograms stay."""
