@@ -61,7 +61,9 @@ class Driver:
         self.rng = random.Random(seed)
         self.comp = comp
         self.page = page
-        policy = random.Random(seed).choice(["lru", "lfu", "fifo", "priority", "s3fifo", "predict"])
+        policy = random.Random(seed).choice(
+            ["lru", "lfu", "fifo", "priority", "s3fifo", "predict", "density"]
+        )
         self.cache = RadixCache(page_size=page, policy=policy, components=comp)
         self.ref = ComponentReference(page, comp.swa_window, comp.full, comp.state)
         self.next_slot = 0

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from cache_reference import PageInfo, ReferenceCache
 
-from radixkv.cache import BlockHashCache, RadixCache
+from radixkv.cache import BlockHashCache, RadixCache, available_policies
+from radixkv.cache.density import DensityPolicy
 
 NAMESPACES: list[Hashable | None] = [None, "adapter-a", ("tenant", 2)]
 
@@ -212,11 +213,24 @@ def test_radix_matches_reference(page: int, policy: str) -> None:
     )
 
 
+# Every registered policy without a per-page key above (s3fifo, predict, density, session-*):
+# drawn from the registry so a new policy is tested here without editing this file.
+ONLINE = [p for p in available_policies() if p not in POLICY_KEYS]
+
+
 @pytest.mark.parametrize("page", [1, 4])
-@pytest.mark.parametrize("policy", ["s3fifo", "predict", "session-lru"])
+@pytest.mark.parametrize("policy", ONLINE)
 def test_radix_online_policies_match_reference(page: int, policy: str) -> None:
     """Policies that own their queue: same contents, sizes and page-exact evictions."""
     run(RadixCache(page_size=page, policy=policy), page, policy, seed=page + 3, steps=1000)
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_radix_density_with_small_constants_matches_reference(page: int) -> None:
+    """`density` with ghosts of one page, a refit every 8 ticks and 2 sampled leaves, so
+    ghosts, refits and sampling all happen within the run (checked every 25 steps)."""
+    pol = DensityPolicy(granule=page, period=8, samples=2, decay=0.5)
+    run(RadixCache(page_size=page, policy=pol), page, "density", seed=page + 11, steps=1500)
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])

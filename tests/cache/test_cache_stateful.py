@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixkv.cache import BlockHashCache, RadixCache, available_policies
+from radixkv.cache.density import DensityPolicy
 
 NAMESPACES: list[Hashable | None] = [None, "lora-1", 7]
 
@@ -178,11 +179,23 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.total_size == len(held)
 
 
+# Every registered policy, plus `density` with constants small enough that its ghosts, refits
+# and leaf sampling all happen within a 40-step run.
+SMALL_DENSITY = "density (small constants)"
+
+
 class RadixMachine(CacheMachine):
-    @initialize(page=st.sampled_from([1, 2, 4, 16]), policy=st.sampled_from(available_policies()))
+    @initialize(
+        page=st.sampled_from([1, 2, 4, 16]),
+        policy=st.sampled_from([*available_policies(), SMALL_DENSITY]),
+    )
     def setup(self, page: int, policy: str) -> None:
         self.page = page
-        self.cache = RadixCache(page_size=page, policy=policy)
+        if policy == SMALL_DENSITY:
+            pol = DensityPolicy(granule=page, period=4, samples=2, decay=0.5)
+            self.cache = RadixCache(page_size=page, policy=pol)
+        else:
+            self.cache = RadixCache(page_size=page, policy=policy)
 
     @rule(data=st.data(), session=st.sampled_from(["s1", "s2", "s3"]))
     def hold_session(self, data: st.DataObject, session: str) -> None:

@@ -23,7 +23,7 @@ from radixkv.config import (
     ServerConfig,
 )
 from radixkv.config.fields import MASK, flag_of
-from radixkv.config.sections import DTYPE_NAMES
+from radixkv.config.sections import DTYPE_NAMES, eviction_policy_names
 from radixkv.engine import setup
 
 # Every keyword of the flat EngineConfig before the chain, with its default: they must all still
@@ -215,3 +215,15 @@ def test_cli_refuses_a_bad_config_before_loading(capsys: pytest.CaptureFixture[s
 def test_config_imports_no_torch() -> None:
     code = "import sys, radixkv.config; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_eviction_policy_choice_builds_a_cache() -> None:
+    """`--eviction-policy` offers only names a cache accepts: no session-aware form of a policy
+    that owns its queue (s3fifo, predict, density), which the cache would refuse."""
+    from radixkv.cache import RadixCache
+
+    names = eviction_policy_names()
+    assert {"density", "session-lru"} <= set(names)
+    assert not {"session-s3fifo", "session-predict", "session-density"} & set(names)
+    for name in names:
+        RadixCache(page_size=4, policy=name)

@@ -21,6 +21,7 @@ class ComponentMethods:
     _roots: dict[Hashable | None, Any]
     _leaves: Any
     _sessions: Any
+    policy: Any
     _evictable: int
     _protected: int
 
@@ -70,6 +71,7 @@ class ComponentMethods:
         self._roots.clear()
         self._leaves.clear()
         self._sessions.clear()
+        self.policy.on_reset()
         self._evictable = 0
         self._protected = 0
         return freed

@@ -13,7 +13,8 @@ fresh heap entry on every access instead.
 
 Beyond the key, a policy may own its queue of evictable leaves (`make_queue`, e.g. segmented
 queues with their own size targets), see the cache it serves (`bind`), and hear about every node
-that is evicted (`on_evict`, e.g. to remember ghosts). Every hook is O(1) or O(log n) per leaf.
+that is evicted (`on_evict`, e.g. to remember ghosts) or dropped by a reset (`on_reset`). Every
+hook is O(1) or O(log n) per leaf, or O(pages) of the tokens it is told about.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class EvictionPolicy:
 
     def on_match(self, path: list[Any], clock: int) -> None:
         """A recorded match of `path` at tick `clock`, before the path's fields are updated."""
+
+    def on_reset(self) -> None:
+        """The cache dropped every node (`reset`); no `on_evict` is heard for them."""
 
 
 class LRUPolicy(EvictionPolicy):
@@ -135,6 +139,9 @@ class SessionAwarePolicy(EvictionPolicy):
     def on_match(self, path: list[Any], clock: int) -> None:
         self.base.on_match(path, clock)
 
+    def on_reset(self) -> None:
+        self.base.on_reset()
+
     def make_queue(self) -> LeafQueue:
         if type(self.base).make_queue is not EvictionPolicy.make_queue:
             raise ValueError(f"{self.base.name} owns its queue; it has no session-aware form")
@@ -153,11 +160,13 @@ _REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {
 
 def _register_online() -> None:
     """Policies in their own modules (imported lazily: they import this one)."""
+    from radixkv.cache.density import DensityPolicy
     from radixkv.cache.predictive import PredictivePolicy
     from radixkv.cache.segmented import S3FIFOPolicy
 
     _REGISTRY["s3fifo"] = S3FIFOPolicy
     _REGISTRY["predict"] = PredictivePolicy
+    _REGISTRY["density"] = DensityPolicy
 
 
 _register_online()

@@ -175,6 +175,8 @@ class RadixCache(ComponentMethods):
         upper.sref = child.sref  # every session reference through `child` passes `upper`
         upper.depth = child.depth
         upper.gap = child.gap
+        upper.born = child.born
+        upper.kind = child.kind
         child.depth += ntok
         parent.children[child.key[: self._page_bytes]] = upper
         child.key = child.key[at:]
@@ -403,6 +405,7 @@ class RadixCache(ComponentMethods):
         self._roots.clear()
         self._leaves.clear()
         self._sessions.clear()
+        self.policy.on_reset()
         self._evictable = 0
         self._protected = 0
         return concat_slots(parts)

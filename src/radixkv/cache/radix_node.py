@@ -39,6 +39,7 @@ class Node:
     __slots__ = (
         "alive",
         "anchors",
+        "born",
         "children",
         "ckpt",
         "created",
@@ -47,6 +48,7 @@ class Node:
         "gap",
         "hits",
         "key",
+        "kind",
         "last_access",
         "lock",
         "ntok",
@@ -81,6 +83,8 @@ class Node:
         # session references whose deepest node this is (None when there are none).
         self.sref = 0
         self.gap = 0  # policy-owned: e.g. ticks between this node's last two uses
+        self.born = clock  # policy-owned: e.g. the tick its current life began
+        self.kind = 0  # policy-owned: e.g. the class of its current life
         self.anchors: list[Any] | None = None
 
 

@@ -26,11 +26,17 @@ _TIERS = "hierarchical cache (host L2, storage L3)"
 
 
 def eviction_policy_names() -> list[str]:
-    """Registered policies, plus session-aware forms of the base ones (`session-<base>`)."""
-    from radixkv.cache.policy import available_policies
+    """Registered policies, plus session-aware forms of the base ones (`session-<base>`) that
+    exist: a base that owns its queue of leaves (s3fifo, predict, density) has none."""
+    from radixkv.cache.policy import EvictionPolicy, available_policies, make_policy
 
     names = available_policies()
-    bases = [n for n in names if not n.startswith("session-")]
+    bases = [
+        n
+        for n in names
+        if not n.startswith("session-")
+        and type(make_policy(n)).make_queue is EvictionPolicy.make_queue
+    ]
     return names + [f"session-{b}" for b in bases if f"session-{b}" not in names]
 
 
