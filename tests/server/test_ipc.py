@@ -184,6 +184,27 @@ def test_engine_exits_when_its_api_process_is_killed(tmp_path: Path) -> None:
         parent.kill()
 
 
+def test_engine_ends_under_a_burst_of_sigterms() -> None:
+    """SIGTERM may come more than once (PR_SET_PDEATHSIG plus a supervisor, say); the handler
+    runs between any two bytecodes of the main thread, also inside its own earlier run. A handler
+    that takes a lock (threading.Event.set did) deadlocks there, before the hard-exit alarm."""
+    engine = ProcessEngine(functools.partial(FakeEngine)).launch()
+    try:
+        pid = engine.pid
+        assert pid is not None and _running(pid)
+        deadline = time.monotonic() + 40  # HARD_EXIT_S is 30: a liveness bound
+        for _ in range(20_000):  # back to back: each lands wherever the last handler is
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
+        while _running(pid):
+            assert time.monotonic() < deadline, "the engine process hung on repeated SIGTERMs"
+            time.sleep(0.05)
+    finally:
+        engine.close()
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (an orphan is reaped by init, which may take a moment)."""
     try:

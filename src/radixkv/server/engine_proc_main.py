@@ -9,7 +9,10 @@ It never outlives the API process, however that one ends:
 - PR_SET_PDEATHSIG (Linux) makes the kernel send SIGTERM when the parent dies, when the spawning
   thread is the parent's main thread (the signal follows the spawning thread, not the process);
 - SIGTERM and parent death set the stop flag: the loop ends after the current step and the
-  process exits; if the step does not end within EXIT_GRACE_S, the watchdog exits hard.
+  process exits; if the step does not end within EXIT_GRACE_S, the watchdog exits hard. The
+  flag takes no lock: a signal handler runs in the main thread between any two bytecodes, also
+  inside a lock that thread holds (threading.Event.set in an earlier handler: SIGTERM can come
+  more than once), so a handler that locks can deadlock the process it is meant to end.
 - SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the API process
   decides when the engine stops (after its HTTP side has drained).
 """
@@ -59,9 +62,23 @@ class EngineSpec:
     pdeathsig: bool = True
 
 
+class StopFlag:
+    """Set from signal handlers and the watchdog thread, read by the engine loop. Invariant:
+    set() and is_set() take no lock and never block (one attribute store, one load)."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stop = threading.Event()
+    stop = StopFlag()
     signal.signal(signal.SIGTERM, lambda *_: _stop_soon(stop))
     spec: EngineSpec = ipc.read_frame(0)
     logging.basicConfig(
@@ -109,7 +126,7 @@ def keep_freed_memory(limit: int = 1 << 30) -> bool:
 
 
 def _serve(
-    spec: EngineSpec, rx: zmq.Socket[Any], tx: zmq.Socket[Any], stop: threading.Event
+    spec: EngineSpec, rx: zmq.Socket[Any], tx: zmq.Socket[Any], stop: StopFlag
 ) -> int:
     try:
         engine = spec.factory()
@@ -148,13 +165,15 @@ def _set_pdeathsig() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _stop_soon(stop: threading.Event) -> None:
-    """Ask the main loop to finish, and arm the kernel's hard stop in case shutdown hangs."""
+def _stop_soon(stop: StopFlag) -> None:
+    """Arm the kernel's hard stop (once: a later call must not push it back), then ask the main
+    loop to finish. Safe in a signal handler: no lock, no I/O."""
+    if not stop.is_set():
+        signal.alarm(HARD_EXIT_S)
     stop.set()
-    signal.alarm(HARD_EXIT_S)
 
 
-def _watch_parent(spec: EngineSpec, stop: threading.Event) -> None:
+def _watch_parent(spec: EngineSpec, stop: StopFlag) -> None:
     """End the process once the API process died (stdin EOF or a new parent pid)."""
     parent_pid = spec.parent_pid
     while True:
