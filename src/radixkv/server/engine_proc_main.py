@@ -125,9 +125,7 @@ def keep_freed_memory(limit: int = 1 << 30) -> bool:
         return False
 
 
-def _serve(
-    spec: EngineSpec, rx: zmq.Socket[Any], tx: zmq.Socket[Any], stop: StopFlag
-) -> int:
+def _serve(spec: EngineSpec, rx: zmq.Socket[Any], tx: zmq.Socket[Any], stop: StopFlag) -> int:
     try:
         engine = spec.factory()
         info = EngineInfo.of(engine, os.getpid())
