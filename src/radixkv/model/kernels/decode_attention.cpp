@@ -46,20 +46,20 @@ inline void axpy(float w, const T* v, float* acc, int64_t d) {
 inline void softmax(float* s, int64_t n) {
   __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __mmask16 live = lanes(n - t);
     mv = _mm512_mask_max_ps(mv, live, mv, _mm512_maskz_loadu_ps(live, s + t));
   }
   const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __mmask16 live = lanes(n - t);
     const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + t), m));
     sum = _mm512_mask_add_ps(sum, live, sum, e);
     _mm512_mask_storeu_ps(s + t, live, e);
   }
   const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
   for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __mmask16 live = lanes(n - t);
     _mm512_mask_storeu_ps(s + t, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + t), inv));
   }
 }

@@ -20,12 +20,6 @@ constexpr int64_t kRows = 64;  // query rows per work item (4 vectors of 16)
 constexpr int64_t kKeys = 64;  // keys per block
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp(x) for x <= 0 that is exactly 0 below -87 (masked keys carry -inf and must weigh nothing).
-inline __m512 exp0(__m512 x) {
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  return _mm512_maskz_mov_ps(live, exp_neg(x));
-}
-
 // Pins a loaded vector in a register: without it GCC folds the load into each of the 4 FMAs
 // that use it (4x the loads, and the loops become load-bound).
 inline void keep(__m512& x) { asm volatile("" : "+v"(x)); }
@@ -89,11 +83,11 @@ inline void softmax_block(float* st, int64_t nk, float* m, float* l, __m512* alp
     // -inf (nothing visible yet) is replaced by 0 so that -inf - m stays -inf, never NaN.
     const __m512 safe = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg, _CMP_EQ_OQ),
                                            _mm512_setzero_ps());
-    alpha[v] = exp0(_mm512_sub_ps(m_old, safe));
+    alpha[v] = exp_neg(_mm512_sub_ps(m_old, safe));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < nk; ++c) {
       float* s = st + c * kRows + v * 16;
-      const __m512 e = exp0(_mm512_sub_ps(_mm512_loadu_ps(s), safe));
+      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s), safe));
       sum = _mm512_add_ps(sum, e);
       _mm512_storeu_ps(s, e);
     }

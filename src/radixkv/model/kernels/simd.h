@@ -31,8 +31,9 @@ inline __m512 load16(const c10::Half* p) {
 }
 
 // exp for x <= 0: 2^k * p(r), r = x - k ln 2 in [-ln2/2, ln2/2], p the degree-6 Taylor polynomial
-// (relative error < 2e-7); below -87 (and for -inf) it is 0.
+// (relative error < 2e-7); exactly 0 below -87 and for -inf (masked keys must weigh nothing).
 inline __m512 exp_neg(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -45,7 +46,7 @@ inline __m512 exp_neg(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, k);
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, k));
 }
 
 // The lanes [0, n) of a 16-lane tail (n < 16 allowed; n >= 16 means all).
