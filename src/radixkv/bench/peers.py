@@ -34,7 +34,7 @@ VLLM_CLIENT = (
 )
 
 # Workloads, each as vLLM-client flags and the equivalent `radixkv bench serve` flags. "prefix" is
-# the shared-prefix case of issue 8 (8 prefixes x 1,024 tokens + 64-token suffixes, 32 requests,
+# the shared-prefix case (8 prefixes x 1,024 tokens + 64-token suffixes, 32 requests,
 # 4 in flight, 16 out); "random" shares nothing (256 in, 64 out, 16 requests, 8 in flight).
 WORKLOADS: dict[str, tuple[list[str], list[str]]] = {
     "prefix": (

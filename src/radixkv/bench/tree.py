@@ -1,10 +1,11 @@
 """`radixkv bench tree` / `python -m radixkv.bench.tree`: micro-benchmark of the prefix caches.
 
-Workload (issue 2): N sequences of L tokens sharing a P-token prefix (random token ids otherwise).
+Workload: N sequences of L tokens sharing a P-token prefix (random token ids otherwise).
 Per sequence: match, then insert; then N full-hit matches; then lock+unlock of each matched leaf;
 then evict E tokens per call until the cache is empty. Reports mean / p50 / p99 microseconds per
 operation for each cache design and page size, as a table and (optionally) JSON. The table's
-"target" column is issue 2's bar at page size 1 (SGLang's Rust tree core, mean µs).
+"target" column is the bar at page size 1: SGLang 0.5.23's Rust tree core, mean µs, measured
+on this workload earlier.
 
 Only the cache call is inside the timer; building the query (and, with `--input list`, converting
 a row to a Python list) happens before it. `--input numpy` hands the cache int64 arrays (what the
@@ -121,7 +122,7 @@ def clock_overhead_ns(clock: Any) -> int:
     return int(np.median(samples))
 
 
-# Issue 2's bar: SGLang 0.5.23's Rust tree core, mean µs at page size 1 on the same workload.
+# The bar: SGLang 0.5.23's Rust tree core, mean µs at page size 1 on the same workload.
 TARGET_MEAN_US_PAGE1 = {
     "match": 14.0,
     "insert": 27.0,

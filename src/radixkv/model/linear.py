@@ -3,8 +3,8 @@
 `F.linear` on CPU reads a plain row-major weight through MKL's sgemm, which for the few rows of a
 decode step (M = number of running requests) reaches about a third of the memory bandwidth. oneDNN
 can reorder a weight once, at load time, into its blocked layout; the same product then streams
-the weight at close to full bandwidth, in float32 and in bfloat16 (measured in the report of
-issue 8 and in `radixkv.model.microbench`: 30 layers' projections at M = 8 take about half the
+the weight at close to full bandwidth, in float32 and in bfloat16 (measured in docs/vllm.md and
+with `radixkv.model.microbench`: 30 layers' projections at M = 8 take about half the
 time). The packed tensor replaces the plain one (no second copy of the weights).
 
 Decode steps (at most SMALL_M rows) take a second copy of the weight, repacked for the C++ kernel
