@@ -99,11 +99,10 @@ def test_cpp_decode_kernel_matches_naive(
 @pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 128, 256])
 @pytest.mark.parametrize(("r", "grp"), [(5, 3), (1, 3), (5, 1), (4, 8)])
 def test_cpp_decode_kernel_wide_heads(dtype: torch.dtype, head_dim: int, r: int, grp: int) -> None:
-    """head_dim a multiple of 16 takes the vector path (16 keys per transposing add tree, values
-    accumulated in registers over groups of query heads; bf16 rows widened to f32 lanes), 40 the
-    scalar loop; one request (fewer than threads) is split by KV head. K/V are one layer's rows
-    of a larger pool tensor, so rows are strided as in the engine's pool; context lengths cover
-    partial 16-key blocks and the prefetch distance."""
+    """head_dim a multiple of 16 takes the vector path (keys in blocks of 64, 16 keys' rows
+    transposed per group, values accumulated over groups of query heads; bf16 as VDPBF16PS
+    pairs where the CPU has them), 40 the scalar loop. K/V are one layer's rows of a larger pool
+    tensor, so rows are strided as in the engine's pool; context lengths cover partial blocks."""
     kernel = _cpp_kernel()
     g = torch.Generator().manual_seed(head_dim + r + grp)
     kv, n = 3, 200
@@ -112,7 +111,7 @@ def test_cpp_decode_kernel_wide_heads(dtype: torch.dtype, head_dim: int, r: int,
     lens = torch.tensor([100, 17, 64, 1, 33][:r])
     slots = torch.stack([torch.randperm(n, generator=g)[:100] for _ in range(r)])
     q = torch.randn(r, kv * grp, head_dim, generator=g).to(dtype)
-    got = kernel(q, k, v, slots, lens, head_dim**-0.5).float()
+    got = kernel(q, k, v, slots, lens, 0, head_dim**-0.5).float()
     for i in range(r):
         ks = k[slots[i, : lens[i]]].float()
         vs = v[slots[i, : lens[i]]].float()
@@ -127,9 +126,9 @@ def test_cpp_decode_kernel_rejects_bad_input() -> None:
     q, kv = torch.randn(2, 4, 8), torch.randn(10, 3, 8)
     lens, slots = torch.tensor([1, 1]), torch.zeros(2, 1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="multiple of KV heads"):
-        kernel(q, kv, kv, slots, lens, 1.0)
+        kernel(q, kv, kv, slots, lens, 0, 1.0)
     with pytest.raises(RuntimeError, match="int64"):
-        kernel(torch.randn(2, 3, 8), kv, kv, slots.int(), lens, 1.0)
+        kernel(torch.randn(2, 3, 8), kv, kv, slots.int(), lens, 0, 1.0)
 
 
 def test_unknown_kernel() -> None:

@@ -319,10 +319,13 @@ class TorchAttention:
         per (request, KV head), so K/V are used as gathered, never repeated per query head."""
         r, h, d = q.shape
         kv = k_cache.shape[1]
-        view = group.view(window)
         if self.decode_kernel is not None and k_cache.device.type == "cpu":
-            slots = view.slots.view(r, view.width)
-            return self.decode_kernel(q, k_cache, v_cache, slots, view.lens, scale)
+            # The kernel takes each whole context and the window: it aligns its key blocks at
+            # absolute positions, as the extend kernel does (see decode_canon.h).
+            full = group.view(None)
+            slots = full.slots.view(r, full.width)
+            return self.decode_kernel(q, k_cache, v_cache, slots, full.lens, window or 0, scale)
+        view = group.view(window)
         dtype = q.dtype if self.kernel == "sdpa" else torch.float32
         mask = view.masks.get(dtype)
         if mask is None:

@@ -1,20 +1,20 @@
-"""Linear layers with weights prepacked for the CPU GEMM library (oneDNN), and their custom op.
+"""Linear layers served by one row-invariant GEMM, and their custom op.
 
-`F.linear` on CPU reads a plain row-major weight through MKL's sgemm, which for the few rows of a
-decode step (M = number of running requests) reaches about a third of the memory bandwidth. oneDNN
-can reorder a weight once, at load time, into its blocked layout; the same product then streams
-the weight at close to full bandwidth, in float32 and in bfloat16 (measured in docs/vllm.md and
-with `radixkv.model.microbench`: 30 layers' projections at M = 8 take about half the
-time). The packed tensor replaces the plain one (no second copy of the weights).
+Where the C++ kernels serve the weight's dtype on this CPU (AVX-512; bfloat16 also needs AVX-512
+BF16 and an even in-feature count), the weight is repacked once into blocks of 16 outputs and
+every product, a one-row decode step and a 2,048-row prefill chunk alike, runs through
+`radixkv.model.kernels.gemm`: each output element is one f32 chain over k in increasing order,
+so a request's row is bit-identical whatever else shares its batch (the batch-invariant matmul
+that "one answer per question" needs). At every row count it streams the weight as fast as
+oneDNN's prepacked kernels or faster (`python -m radixkv.model.microbench --gemm`), so
+invariance costs nothing here, and the repacked weight replaces the plain one (one copy).
 
-Decode steps (at most SMALL_M rows) take a second copy of the weight, repacked for the C++ kernel
-of `radixkv.model.kernels.small_gemm` where this CPU has it (AVX-512; bf16 also needs AVX-512
-BF16): at such M it streams the weight 1.2x (float32) to 1.5x (bfloat16) faster than oneDNN
-(`python -m radixkv.model.microbench --steps-ab` with RADIXKV_SMALL_GEMM=0 / 1). The copy costs
-the weight's size again in memory ($RADIXKV_SMALL_GEMM=0 turns it off).
+Elsewhere (no kernels, other dtypes, $RADIXKV_CPU_KERNELS=0) the weight is prepacked for oneDNN
+where torch has it, else kept plain for `F.linear`; those paths are fast but their per-row
+result can depend on the row count.
 
 `PackedLinear.__call__` is the eager path. The compiled path (`radixkv.model.compiled`) cannot
-trace an opaque oneDNN tensor, so it calls the `radixkv::packed_linear` custom op with an integer
+trace an opaque packed tensor, so it calls the `radixkv::packed_linear` custom op with an integer
 handle into a process-wide registry; inductor treats the op as an extern call and fuses the
 element-wise code around it.
 
@@ -34,7 +34,6 @@ import torch.nn.functional as F
 # Weak references: a model that is dropped frees its weights; its handles then dangle (and are
 # never reissued).
 _REGISTRY: list[weakref.ref[PackedLinear]] = []
-SMALL_M = 16  # rows up to which the small-GEMM kernel beats oneDNN (measured at 1, 8 and 16)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -48,21 +47,22 @@ def can_pack(weight: torch.Tensor) -> bool:
     )
 
 
-def _small_kernels(w: torch.Tensor) -> Any:
-    """The small-GEMM kernels for this weight, or None (not CPU, shape not a multiple of 16,
-    no kernel for the dtype on this CPU)."""
-    if not can_pack(w) or w.shape[0] % 16 or (w.dtype == torch.bfloat16 and w.shape[1] % 2):
+def _gemm_kernels(w: torch.Tensor) -> Any:
+    """The row-invariant GEMM module for this weight, or None (not CPU, no kernel for the dtype
+    on this CPU, an odd in-feature count in bfloat16)."""
+    if w.device.type != "cpu" or (w.dtype == torch.bfloat16 and w.shape[1] % 2):
         return None
-    from radixkv.model.kernels import small_gemm
+    from radixkv.model.kernels import gemm
 
-    return small_gemm(w.dtype)
+    return gemm(w.dtype)
 
 
 class PackedLinear:
-    """y = x W^T + b with W [out, in] stored in whichever layout is fastest on its device.
+    """y = x W^T + b with W [out, in] stored in whichever layout serves it best.
 
-    `batch_hint` is the row count oneDNN tunes the layout for (decode batches are small); any
-    row count is accepted.
+    `invariant` says whether each row's result is independent of the row count (the C++ GEMM
+    serves this weight). `batch_hint` is the row count oneDNN tunes its layout for (the
+    fallback only); any row count is accepted.
     """
 
     def __init__(
@@ -71,34 +71,35 @@ class PackedLinear:
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.dtype = weight.dtype
         self.bias = None if bias is None else bias.contiguous()
-        self.packed = can_pack(weight)
         w = weight.contiguous()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, batch_hint) if self.packed else w
-        # The decode path's copy of W (see the module docstring); None where it does not apply.
-        self.small: Any = None
-        self.small_w: torch.Tensor | None = None
-        self.small_bias: torch.Tensor | None = None
-        kernels = _small_kernels(w)
-        if kernels is not None:
-            self.small = kernels
-            self.small_w = kernels.small_gemm_pack(w)
-            self.small_bias = None if bias is None else bias.float().contiguous()
+        self.kernel: Any = _gemm_kernels(w)
+        self.packed = False
+        if self.kernel is not None:
+            self.weight = self.kernel.gemm_pack(w)
+            self.bias_f32 = None if bias is None else bias.float().contiguous()
+        else:
+            self.packed = can_pack(w)
+            self.weight = (
+                torch.ops.mkldnn._reorder_linear_weight(w, batch_hint) if self.packed else w
+            )
         self.handle = len(_REGISTRY)
         _REGISTRY.append(weakref.ref(self))
 
+    @property
+    def invariant(self) -> bool:
+        return self.kernel is not None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small is not None and x.numel() <= SMALL_M * self.in_features:
-            lead = x.shape[:-1]
-            x2 = x.reshape(-1, self.in_features).contiguous()
-            y = self.small.small_gemm(x2, self.small_w, self.out_features, self.small_bias)
-            return y.view(*lead, self.out_features)
-        if self.packed:
-            # oneDNN wants a contiguous 2-D input; leading dims are flattened and restored.
-            lead = x.shape[:-1]
-            x2 = x.reshape(-1, self.in_features).contiguous()
+        if self.kernel is None and not self.packed:
+            return F.linear(x, self.weight, self.bias)
+        # Both kernels want a contiguous 2-D input; leading dims are flattened and restored.
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        if self.kernel is not None:
+            y = self.kernel.gemm(x2, self.weight, self.out_features, self.bias_f32)
+        else:
             y = torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, "none", [], "")
-            return y.view(*lead, self.out_features)
-        return F.linear(x, self.weight, self.bias)
+        return y.view(*lead, self.out_features)
 
 
 # Registered through the low-level Library API rather than torch.library.custom_op: the latter

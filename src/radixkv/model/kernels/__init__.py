@@ -5,8 +5,13 @@
 - `extend_attention()`: the new tokens of prefill chunks attending causally (optionally within a
   sliding window) to their contexts' K/V read in place from the pool, flash-attention style
   (`extend_attention.cpp`); the fallback is gather + SDPA.
-- `small_gemm(dtype)`: x W^T for the few rows of a decode step, from a weight repacked in blocks
-  of 16 outputs (`small_gemm.cpp`, AVX-512 / AVX-512 BF16); the fallback is oneDNN.
+- `gemm(dtype)`: x W^T for any number of rows with a reduction order that does not depend on the
+  row count, from a weight repacked in blocks of 16 outputs (`gemm.cpp`, AVX-512 / AVX-512 BF16);
+  the fallback is oneDNN.
+
+The two attention kernels share one reduction order (keys in blocks at absolute positions, see
+`decode_canon.h`), so a token's attention output is the same bits whether it was computed in a
+prefill chunk of any size, after a cached prefix, or in a decode step.
 
 Each returns None where the kernels cannot be built (no compiler, `RADIXKV_CPU_KERNELS=0`) or the
 CPU lacks the instructions; callers then take the fallback. The build (about 30-60 s, once) lands
@@ -32,11 +37,17 @@ import torch
 log = logging.getLogger(__name__)
 
 DecodeKernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float],
+    torch.Tensor,
 ]
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("bindings.cpp", "decode_attention.cpp", "extend_attention.cpp", "small_gemm.cpp")
+    for name in (
+        "bindings.cpp",
+        "decode_attention.cpp",
+        "extend_attention.cpp",
+        "gemm.cpp",
+    )
 ]
 
 
@@ -99,7 +110,8 @@ def cpu_kernels() -> Any:
 
 
 def decode_attention() -> DecodeKernel | None:
-    """`(q [R,H,D], k [N,KV,D], v [N,KV,D], slots [R,W], lens [R], scale) → out [R,H,D]`."""
+    """`(q [R,H,D], k [N,KV,D], v [N,KV,D], slots [R,W], lens [R], window, scale) → out
+    [R,H,D]`: row r's first lens[r] slots are its whole context (window 0: none)."""
     module = cpu_kernels()
     if module is None:
         return None
@@ -123,16 +135,14 @@ def extend_attention() -> ExtendKernel | None:
     return fn
 
 
-def small_gemm(dtype: torch.dtype) -> Any:
-    """The module whose `small_gemm_pack(w)` / `small_gemm(x, packed, n, bias_f32)` serve
-    `dtype` on this CPU, or None ($RADIXKV_SMALL_GEMM=0 turns them off)."""
-    if os.environ.get("RADIXKV_SMALL_GEMM", "1") == "0":
-        return None
+def gemm(dtype: torch.dtype) -> Any:
+    """The module whose `gemm_pack(w)` / `gemm(x, packed, n, bias_f32)` serve `dtype` on this
+    CPU, or None."""
     module = cpu_kernels()
     if module is None:
         return None
-    if dtype == torch.float32 and module.small_gemm_f32_supported():
+    if dtype == torch.float32 and module.gemm_f32_supported():
         return module
-    if dtype == torch.bfloat16 and module.small_gemm_bf16_supported():
+    if dtype == torch.bfloat16 and module.gemm_bf16_supported():
         return module
     return None

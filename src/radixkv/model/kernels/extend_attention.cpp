@@ -48,7 +48,9 @@ void run_item(const Problem& P, const T* q, const T* k, const T* v, T* out, cons
   for (int64_t ri = 0; ri < RV * 16; ++ri)
     pos[ri] = static_cast<float>(ri < rows ? p0 + ri / G : p1);
   Products::load_q(P, q, it, rows, w);
-  const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p0 - P.window + 1) : 0;
+  // Key blocks start at absolute multiples of kKeys (never where a chunk, a cached prefix or a
+  // window begins), so every row sums its keys in the same order as the decode kernel does.
+  const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p0 - P.window + 1) / kKeys * kKeys : 0;
   const int64_t* sl = P.slots + P.ctx_start[it.r];
   __m512 alpha[RV];
   for (int64_t kb0 = lo; kb0 <= p1; kb0 += kKeys) {

@@ -69,6 +69,21 @@ inline void mask_block(const Problem& P, const float* pos, int64_t kb0, int64_t 
   }
 }
 
+// The sum of a block's weights e[0..nk) (row vectors kRows floats apart; keys past nk count as
+// +0, an exact identity since every weight is >= +0) in the fixed pairwise order the decode kernel
+// also uses (decode_canon.h): e[c] + e[c + 32], then + 16, + 8, + 4, + 2, + 1. A tree, not a
+// chain: no 64-add latency chain per block, and the order does not depend on the layout.
+inline __m512 tree_sum(const float* e, int64_t nk) {
+  __m512 t[32];
+  for (int64_t c = 0; c < 32; ++c) {
+    const __m512 a = c < nk ? _mm512_loadu_ps(e + c * kRows) : _mm512_setzero_ps();
+    t[c] = c + 32 < nk ? _mm512_add_ps(a, _mm512_loadu_ps(e + (c + 32) * kRows)) : a;
+  }
+  for (int half = 16; half >= 1; half /= 2)
+    for (int c = 0; c < half; ++c) t[c] = _mm512_add_ps(t[c], t[c + half]);
+  return t[0];
+}
+
 // Online softmax over one key block (in place: S^T becomes P^T); returns the rescale factors of
 // the earlier accumulation in `alpha`. Rows with no visible key so far keep m = -inf, P = 0.
 template <int RV>
@@ -84,13 +99,11 @@ inline void softmax_block(float* st, int64_t nk, float* m, float* l, __m512* alp
     const __m512 safe = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg, _CMP_EQ_OQ),
                                            _mm512_setzero_ps());
     alpha[v] = exp_neg(_mm512_sub_ps(m_old, safe));
-    __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < nk; ++c) {
       float* s = st + c * kRows + v * 16;
-      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s), safe));
-      sum = _mm512_add_ps(sum, e);
-      _mm512_storeu_ps(s, e);
+      _mm512_storeu_ps(s, exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s), safe)));
     }
+    const __m512 sum = tree_sum(st + v * 16, nk);
     _mm512_storeu_ps(l + v * 16, _mm512_fmadd_ps(_mm512_loadu_ps(l + v * 16), alpha[v], sum));
     _mm512_storeu_ps(m + v * 16, m_new);
   }

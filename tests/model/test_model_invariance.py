@@ -1,0 +1,135 @@
+"""One answer per question, kernel by kernel: a token's attention output and a row's projection
+are the same bits however the batch, the prompt's chunks or its cached prefix fall.
+
+The C++ kernels promise a fixed reduction order (see `radixkv/model/kernels/decode_canon.h` and
+`gemm.cpp`); these tests compare bit patterns (`torch.equal`), not tolerances, and each case
+would differ under the earlier kernels (a decode step's scores were summed in another order than
+a prefill chunk's, key blocks started where a chunk or window started, and the projection's
+blocking depended on the row count)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _module() -> Any:
+    from radixkv.model.kernels import cpu_kernels
+
+    module = cpu_kernels()
+    if module is None or not module.extend_attention_supported():
+        pytest.skip("the C++ kernels need AVX-512 (see the warning logged)")
+    return module
+
+
+def _extend(
+    m: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    chunks: list[int],
+    window: int,
+) -> torch.Tensor:
+    """q's rows computed chunk by chunk, each chunk attending to everything before it."""
+    out, pos = [], 0
+    for c in chunks:
+        one = torch.tensor([c])
+        out.append(
+            m.extend_attention(
+                q[pos : pos + c].contiguous(),
+                k,
+                v,
+                slots[: pos + c].contiguous(),
+                torch.tensor([0]),
+                torch.tensor([0]),
+                one,
+                torch.tensor([pos]),
+                window,
+                0.125,
+            )
+        )
+        pos += c
+    return torch.cat(out)
+
+
+def _problem(seed: int, dtype: torch.dtype, heads: tuple[int, int, int], length: int) -> tuple:
+    h, kv, d = heads
+    g = torch.Generator().manual_seed(seed)
+    n = length + 40
+    pool = torch.randn(2, n, kv, d, generator=g).to(dtype)  # strided rows, as in the pool
+    q = torch.randn(length, h, d, generator=g).to(dtype)
+    return q, pool[0], pool[1], torch.randperm(n, generator=g)[:length]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 1, 128), (6, 2, 16)])
+@pytest.mark.parametrize("window", [0, 37, 100])
+def test_attention_is_the_same_whatever_the_chunks(
+    dtype: torch.dtype, heads: tuple[int, int, int], window: int
+) -> None:
+    """Whole prompt vs random chunks (a cached prefix is the same call with the prefix's K/V
+    already in the pool) vs the decode kernel for the last positions: equal bits."""
+    m = _module()
+    rng = random.Random(heads[2] + window)
+    length = rng.randrange(130, 300)
+    q, k, v, slots = _problem(length, dtype, heads, length)
+    whole = _extend(m, q, k, v, slots, [length], window)
+    cuts = sorted(rng.sample(range(1, length), 5))
+    chunks = [b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True)]
+    assert torch.equal(_extend(m, q, k, v, slots, chunks, window), whole), chunks
+    assert torch.equal(_extend(m, q, k, v, slots, [length - 1, 1], window), whole)
+    for p in (length - 70, length - 2, length - 1):
+        dec = m.decode_attention(
+            q[p : p + 1].contiguous(),
+            k,
+            v,
+            slots[: p + 1].view(1, -1),
+            torch.tensor([p + 1]),
+            window,
+            0.125,
+        )
+        assert torch.equal(dec[0], whole[p]), p
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_rows_do_not_depend_on_their_batch(dtype: torch.dtype) -> None:
+    """A request's decode output alone equals its row among others of other lengths."""
+    m = _module()
+    q, k, v, _ = _problem(3, dtype, (9, 3, 64), 8)
+    g = torch.Generator().manual_seed(4)
+    lens = torch.tensor([300, 17, 129, 64, 1, 200, 65, 128])
+    slots = torch.stack([torch.randperm(k.shape[0], generator=g)[:48] for _ in range(8)])
+    slots = torch.randint(0, k.shape[0], (8, 300), generator=g)
+    together = m.decode_attention(q, k, v, slots, lens, 0, 0.125)
+    for r in range(8):
+        alone = m.decode_attention(
+            q[r : r + 1].contiguous(), k, v, slots[r : r + 1], lens[r : r + 1], 0, 0.125
+        )
+        assert torch.equal(alone[0], together[r]), r
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (33, 18), (49, 1536)])
+def test_gemm_rows_do_not_depend_on_the_row_count(dtype: torch.dtype, n: int, k: int) -> None:
+    """Every prefix and suffix of a 300-row product, and single rows, equal the whole
+    product's rows bit for bit (row tiles of 1-8, row blocks of 96, K blocks, padded N)."""
+    from radixkv.model.kernels import gemm
+
+    mod = gemm(dtype)
+    if mod is None:
+        pytest.skip(f"no GEMM kernel for {dtype} on this CPU")
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g)
+    packed = mod.gemm_pack(w)
+    x = torch.randn(300, k, generator=g).to(dtype)
+    whole = mod.gemm(x, packed, n, bias)
+    for rows in (1, 2, 7, 8, 9, 16, 17, 95, 97, 200):
+        assert torch.equal(mod.gemm(x[:rows].contiguous(), packed, n, bias), whole[:rows])
+        assert torch.equal(mod.gemm(x[-rows:].contiguous(), packed, n, bias), whole[-rows:])
