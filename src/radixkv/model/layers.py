@@ -1,4 +1,10 @@
-"""Stateless building blocks shared by the Llama family: RMSNorm and rotary position embeddings.
+"""Stateless building blocks shared by the Llama family: RMSNorm, SiLU * up and rotary position
+embeddings, as `radixkv::` custom ops.
+
+On CPU they run the C++ kernels of `radixkv.model.kernels` (pointwise.cpp): one fixed arithmetic
+per row, so a token's result does not depend on the batch, and the eager and compiled model give
+the same bits (inductor treats the ops as opaque calls instead of re-deriving their arithmetic).
+Elsewhere, and where the kernels cannot be built, they run the torch formulas below.
 
 Numerics follow the Hugging Face reference so that float32 logits agree to ~1e-5: the norm runs in
 float32 and casts back before the weight multiply; RoPE angles are computed in float32 from the
@@ -8,16 +14,89 @@ integer positions and cast to the activation dtype.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+from radixkv.model.linear import LIB
+
+
+@cache
+def _kernels() -> Any:
+    from radixkv.model.kernels import pointwise
+
+    return pointwise()
+
+
+def _cpp(x: torch.Tensor) -> Any:
+    """The C++ kernels for x, or None (not on CPU, or not built)."""
+    return _kernels() if x.device.type == "cpu" else None
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    k = _cpp(x)
+    if k is None or weight.dtype != x.dtype or weight.shape != x.shape[-1:]:
+        return rms_norm_torch(x, weight, eps)
+    return k.rms_norm(x, weight, eps)
+
+
+def _silu_mul_impl(gate_up: torch.Tensor) -> torch.Tensor:
+    k = _cpp(gate_up)
+    if k is not None:
+        return k.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    k = _cpp(x)
+    if k is not None and x.dim() == 3 and cos.dtype == sin.dtype == x.dtype:
+        return k.rope(x, cos, sin)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+LIB.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+LIB.define("silu_mul(Tensor gate_up) -> Tensor")
+LIB.define("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor")
+LIB.impl("rms_norm", _rms_norm_impl, "CompositeExplicitAutograd")
+LIB.impl("silu_mul", _silu_mul_impl, "CompositeExplicitAutograd")
+LIB.impl("rope", _rope_impl, "CompositeExplicitAutograd")
+
+
+def _silu_mul_fake(gate_up: torch.Tensor) -> torch.Tensor:
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+torch.library.register_fake(
+    "radixkv::rms_norm", lambda x, weight, eps: torch.empty_like(x), lib=LIB
+)
+torch.library.register_fake("radixkv::silu_mul", _silu_mul_fake, lib=LIB)
+torch.library.register_fake(
+    "radixkv::rope",
+    lambda x, cos, sin: x.new_empty(x.shape),
+    lib=LIB,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim (float32 statistics, result in x's dtype times `weight`)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return torch.ops.radixkv.rms_norm(x, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate | up] along the last dim."""
+    return torch.ops.radixkv.silu_mul(gate_up)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -56,9 +135,6 @@ def rope_cos_sin(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [T, heads, head_dim] by per-token angles (HF `rotate_half` convention:
-    x * cos + rotate_half(x) * sin, written per half so that no rotated copy of x is built and
-    the compiler fuses it into one loop; the two halves of the cos/sin tables are equal)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :half], sin[:, None, :half]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    x * cos + rotate_half(x) * sin, written per half: (x1 c - x2 s, x2 c + x1 s); the two halves
+    of the cos/sin tables are equal)."""
+    return torch.ops.radixkv.rope(x, cos, sin)

@@ -21,7 +21,7 @@ from radixkv.memory.pool import KVPool
 from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from radixkv.model.config import ModelConfig
 from radixkv.model.hybrid import single_pool
-from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, silu_mul
 from radixkv.model.linear import PackedLinear
 
 if TYPE_CHECKING:
@@ -140,8 +140,7 @@ class DecoderLayer(nn.Module):
         o = ops.attend(self.index, q, k, v)
         x = x + ops.linear(self.o_proj, o.reshape(t, self.q_size).to(x.dtype))
         h = rms_norm(x, self.post_norm, self.eps)
-        gate, up = ops.linear(self.gate_up, h).split(self.inter, dim=-1)
-        return x + ops.linear(self.down, F.silu(gate) * up)
+        return x + ops.linear(self.down, silu_mul(ops.linear(self.gate_up, h)))
 
 
 class CausalLM(nn.Module):

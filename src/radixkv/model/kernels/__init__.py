@@ -9,6 +9,9 @@
   row count, from a weight repacked in blocks of 16 outputs (`gemm.cpp`, AVX-512 / AVX-512 BF16);
   the fallback is oneDNN.
 
+- `pointwise()`: RMSNorm, SiLU * up and RoPE (`pointwise.cpp`) with one fixed arithmetic per
+  row, called by the eager and the compiled model alike.
+
 The two attention kernels share one reduction order (keys in blocks at absolute positions, see
 `decode_canon.h`), so a token's attention output is the same bits whether it was computed in a
 prefill chunk of any size, after a cached prefix, or in a decode step.
@@ -47,6 +50,7 @@ SOURCES = [
         "decode_attention.cpp",
         "extend_attention.cpp",
         "gemm.cpp",
+        "pointwise.cpp",
     )
 ]
 
@@ -146,3 +150,8 @@ def gemm(dtype: torch.dtype) -> Any:
     if dtype == torch.bfloat16 and module.gemm_bf16_supported():
         return module
     return None
+
+
+def pointwise() -> Any:
+    """The module whose `rms_norm`, `silu_mul` and `rope` serve the decoder layers, or None."""
+    return cpu_kernels()

@@ -14,6 +14,9 @@ bool gemm_bf16_supported();
 torch::Tensor gemm_pack(torch::Tensor w);
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
                    c10::optional<torch::Tensor> bias);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention,
@@ -21,6 +24,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extend_attention_supported", &extend_attention_supported);
   m.def("extend_attention", &extend_attention,
         "Causal (windowed) attention of new tokens to their context read from the pool by slot");
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dim (f32 statistics, fixed order)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last dim");
+  m.def("rope", &rope, "Rotary embedding per half, [T, H, D] with cos/sin [T, D]");
   m.def("gemm_f32_supported", &gemm_f32_supported);
   m.def("gemm_bf16_supported", &gemm_bf16_supported);
   m.def("gemm_pack", &gemm_pack, "Repack W [N, K] for gemm (N padded to 16)");
