@@ -1,7 +1,7 @@
 """`radixkv` command line.
 
 serve | demo | generate | chat | replay | bench {tree, engine, tiers, serve, compare, report,
-grammar}.
+grammar, peers, answers}.
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -28,6 +28,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.report", True),  # bench report
     ("radixkv.bench.grammar", True),  # bench grammar
     ("radixkv.bench.peers", True),  # bench peers
+    ("radixkv.bench.answers", True),  # bench answers
 )
 
 
