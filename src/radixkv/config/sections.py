@@ -240,6 +240,12 @@ class ServerConfig(Section):
         None, "model id clients must send (default: the checkpoint's directory name)"
     )
     log_level: str = opt("info", "server log level", choices=LOG_LEVELS)
+    retry_after: int = opt(
+        1,
+        "seconds in the Retry-After header of a 503 (overloaded: --max-running-requests running "
+        "and --max-queued-requests waiting); a router retries another worker at once",
+        min=0,
+    )
     # Where the engine runs (radixkv.server.launch): its own process by default.
     threads: int = opt(
         0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import operator
 import secrets
@@ -29,10 +30,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from radixkv.config import EngineConfig
+from radixkv.engine.types import SamplingParams
 from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.config_view import install_config_route
 from radixkv.server.dashboard import RecentRequests, install_dashboard
 from radixkv.server.engine_client import EngineClient
+from radixkv.server.gateway import install_gateway_routes
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.protocol import (
@@ -114,15 +117,15 @@ def create_app(
     _install_routes(app, state)
     install_dashboard(app, state)
     install_config_route(app, state)
+    install_gateway_routes(app, state)
     app.add_middleware(auth_and_count_middleware(state))
     return app
 
 
-async def _generate(
-    state: ServerState, request: Request, kind: Kind, req: Any, prompt_ids: list[int]
-) -> Response:
-    """Submit a tokenized request and answer it as JSON or as an SSE stream."""
-    t0 = time.perf_counter()
+def _sampling_for(
+    state: ServerState, kind: Kind, req: Any, prompt_ids: list[int]
+) -> SamplingParams:
+    """The request's SamplingParams for this prompt (400 if the prompt fills the context)."""
     default_max = DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS
     limit = state.max_model_len
     if limit is not None:
@@ -134,7 +137,15 @@ async def _generate(
                 code="context_length_exceeded",
             )
         default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
-    sampling = req.sampling(default_max, state.vocab_size)
+    return req.sampling(default_max, state.vocab_size)
+
+
+async def _generate(
+    state: ServerState, request: Request, kind: Kind, req: Any, prompt_ids: list[int]
+) -> Response:
+    """Submit a tokenized request and answer it as JSON or as an SSE stream."""
+    t0 = time.perf_counter()
+    sampling = _sampling_for(state, kind, req, prompt_ids)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
@@ -200,30 +211,80 @@ def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
     return ids
 
 
+async def _parse_completion(
+    state: ServerState, request: Request
+) -> tuple[CompletionRequest, list[int]]:
+    """A /v1/completions body, checked, and its prompt's token ids."""
+    req = parse_body(CompletionRequest, await _read_body(request))
+    state.check_model(req.model)
+    req.check(state.vocab_size)
+    # Tokenizing a long prompt takes milliseconds: keep it off the event loop.
+    return req, await asyncio.to_thread(_completion_prompt, state, req)
+
+
+async def _parse_chat(
+    state: ServerState, request: Request
+) -> tuple[ChatCompletionRequest, list[int]]:
+    """A /v1/chat/completions body, checked, and its messages rendered by the chat template."""
+    req = parse_body(ChatCompletionRequest, await _read_body(request))
+    state.check_model(req.model)
+    req.check(state.vocab_size)
+    try:
+        ids = await asyncio.to_thread(
+            state.tokenizer.apply_chat_template, req.template_messages(), True
+        )
+    except Exception as exc:  # template errors (e.g. role order) are the caller's input
+        raise APIError(f"chat template failed: {exc}", param="messages") from None
+    return req, list(ids)
+
+
+def _rendered(state: ServerState, kind: Kind, req: Any, prompt_ids: list[int]) -> dict[str, Any]:
+    """A request as the engine would get it, in vLLM's `GenerateRequest` shape (what its
+    `/render` routes answer): the prompt's token ids and the resolved sampling parameters."""
+    sampling = _sampling_for(state, kind, req, prompt_ids)
+    params = dataclasses.asdict(sampling)
+    params["stop"] = list(sampling.stop)
+    params["stop_token_ids"] = list(sampling.stop_token_ids)
+    params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias} or None
+    schema = params.pop("json_schema")
+    params["structured_outputs"] = {"json": json.loads(schema)} if schema else None
+    options = req.options()
+    return {
+        "request_id": f"render-{uuid.uuid4().hex}",
+        "token_ids": prompt_ids,
+        "features": None,
+        "sampling_params": params,
+        "model": state.model_name,
+        "stream": req.stream,
+        "stream_options": req.stream_options.model_dump() if req.stream_options else None,
+        "cache_salt": options.cache_salt,
+        "priority": options.priority,
+        "kv_transfer_params": None,
+    }
+
+
 def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_body(CompletionRequest, await _read_body(request))
-        state.check_model(req.model)
-        req.check(state.vocab_size)
-        # Tokenizing a long prompt takes milliseconds: keep it off the event loop.
-        ids = await asyncio.to_thread(_completion_prompt, state, req)
+        req, ids = await _parse_completion(state, request)
         return await _generate(state, request, "completion", req, ids)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse_body(ChatCompletionRequest, await _read_body(request))
-        state.check_model(req.model)
-        req.check(state.vocab_size)
-        try:
-            ids = list(
-                await asyncio.to_thread(
-                    state.tokenizer.apply_chat_template, req.template_messages(), True
-                )
-            )
-        except Exception as exc:  # template errors (e.g. role order) are the caller's input
-            raise APIError(f"chat template failed: {exc}", param="messages") from None
+        req, ids = await _parse_chat(state, request)
         return await _generate(state, request, "chat", req, ids)
+
+    # The prompt token ids a request would run with, without running it (vLLM's render routes,
+    # which vllm-router's kv_aware policy calls to hash a prompt the way the engine will see it).
+    @app.post("/v1/completions/render")
+    async def render_completion(request: Request) -> list[dict[str, Any]]:
+        req, ids = await _parse_completion(state, request)
+        return [_rendered(state, "completion", req, ids)]  # one per prompt, as vLLM answers
+
+    @app.post("/v1/chat/completions/render")
+    async def render_chat(request: Request) -> dict[str, Any]:
+        req, ids = await _parse_chat(state, request)
+        return _rendered(state, "chat", req, ids)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -276,6 +337,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "object": "model",
         "created": state.started,
         "owned_by": "radixkv",
+        "max_model_len": state.max_model_len,
     }
 
 

@@ -60,6 +60,8 @@ class EngineClient(abc.ABC):
     max_model_len: int | None
     max_inflight: int
     last_metrics: EngineMetrics
+    model_path: str | None  # the checkpoint directory the engine loaded (None: unknown)
+    model_meta: dict[str, Any]  # `architectures` / `model_type` from its config.json
 
     def __init__(self, max_inflight: int | None = None) -> None:
         self._max_inflight_arg = max_inflight
@@ -80,6 +82,8 @@ class EngineClient(abc.ABC):
         self.last_metrics = info.metrics
         self._methods = info.methods
         self._pid = info.pid
+        self.model_path = info.model_path
+        self.model_meta = dict(info.model_meta)
         cfg = info.config.scheduler
         # Past this many unfinished requests, refuse new ones (503) instead of queueing memory.
         self.max_inflight = self._max_inflight_arg or (

@@ -18,11 +18,13 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from radixkv.engine.types import (
@@ -123,6 +125,10 @@ class EngineInfo:
     methods: frozenset[str]  # public methods, for `EngineClient.supports`
     metrics: EngineMetrics
     pid: int
+    # The checkpoint the engine loaded: its resolved directory (None for a model object without
+    # one, e.g. a test fake) and the `architectures` / `model_type` of its config.json.
+    model_path: str | None = None
+    model_meta: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def of(engine: Any, pid: int) -> EngineInfo:
@@ -131,6 +137,7 @@ class EngineInfo:
             n for n in dir(kind) if not n.startswith("_") and callable(getattr(kind, n, None))
         )
         limit = getattr(engine, "max_model_len", None) or engine.config.scheduler.max_model_len
+        path = getattr(getattr(engine, "lm", None), "path", None)
         return EngineInfo(
             config=engine.config,
             tokenizer=engine.tokenizer,
@@ -138,7 +145,25 @@ class EngineInfo:
             methods=methods,
             metrics=engine.metrics(),
             pid=pid,
+            model_path=str(path) if path is not None else None,
+            model_meta=_checkpoint_meta(path),
         )
+
+
+def _checkpoint_meta(path: Any) -> dict[str, Any]:
+    """`architectures` and `model_type` from the checkpoint's config.json (empty if unreadable)."""
+    if path is None:
+        return {}
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(raw.get("architectures"), list):
+        out["architectures"] = [str(a) for a in raw["architectures"]]
+    if isinstance(raw.get("model_type"), str):
+        out["model_type"] = raw["model_type"]
+    return out
 
 
 def by_value(results: list[tuple[int, bool, Any]]) -> list[tuple[int, bool, Any]]:

@@ -41,6 +41,14 @@ _KNOWN_ROUTES = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/models",
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+        "/v1/loads",
+        "/server_info",
+        "/get_server_info",
+        "/model_info",
+        "/get_model_info",
+        "/version",
         "/health",
         "/metrics",
         "/flush_cache",
@@ -110,15 +118,25 @@ def auth_and_count_middleware(state: ServerState) -> Callable[[Any], ASGIApp]:
     return factory
 
 
+def _error_response(request: Request, err: APIError) -> JSONResponse:
+    """The error body; a 503 (overloaded, or no engine) also says when to come back, so clients
+    back off and a router (SGLang's gateway retries 408/429/5xx) tries another worker."""
+    headers = None
+    if err.status in (429, 503):
+        state = getattr(request.app.state, "radixkv", None)
+        seconds = state.config.server.retry_after if state is not None else 1
+        headers = {"Retry-After": str(seconds)}
+    return JSONResponse(err.body(), err.status, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), exc.status)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error_response(request, exc)
 
     @app.exception_handler(RequestError)
-    async def _engine_error(_: Request, exc: RequestError) -> JSONResponse:
-        err = request_error(exc)
-        return JSONResponse(err.body(), err.status)
+    async def _engine_error(request: Request, exc: RequestError) -> JSONResponse:
+        return _error_response(request, request_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
