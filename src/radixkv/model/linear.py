@@ -5,9 +5,8 @@ BF16 and an even in-feature count), the weight is repacked once into blocks of 1
 every product, a one-row decode step and a 2,048-row prefill chunk alike, runs through
 `radixkv.model.kernels.gemm`: each output element is one f32 chain over k in increasing order,
 so a request's row is bit-identical whatever else shares its batch (the batch-invariant matmul
-that "one answer per question" needs). At every row count it streams the weight as fast as
-oneDNN's prepacked kernels or faster (`python -m radixkv.model.microbench --gemm`), so
-invariance costs nothing here, and the repacked weight replaces the plain one (one copy).
+that "one answer per question" needs). At 1 to 2,048 rows it measured as fast as oneDNN's
+prepacked kernels (docs/determinism.md), and the repacked weight replaces the plain one (one copy).
 
 Elsewhere (no kernels, other dtypes, $RADIXKV_CPU_KERNELS=0) the weight is prepacked for oneDNN
 where torch has it, else kept plain for `F.linear`; those paths are fast but their per-row
