@@ -18,9 +18,10 @@ prefill chunk of any size, after a cached prefix, or in a decode step.
 
 Each returns None where the kernels cannot be built (no compiler, `RADIXKV_CPU_KERNELS=0`) or the
 CPU lacks the instructions; callers then take the fallback. The build (about 30-60 s, once) lands
-under the RadixKV cache directory, in a folder named after the torch version and this CPU's
-instruction-set flags (the code is compiled with -march=native), and is reused by every later
-process on the same machine.
+under the RadixKV cache directory, in a folder named after the torch version, this CPU's
+instruction-set flags (the code is compiled with -march=native) and a hash of the sources, and is
+reused by every later process on the same machine. A build lock left by a killed build is removed
+after 15 minutes instead of hanging every later process.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -67,11 +69,36 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
+def _source_tag() -> str:
+    """A short hash of the kernel sources and headers: another version of them builds in its own
+    folder instead of rebuilding over this one (two checkouts side by side, an upgrade)."""
+    digest = hashlib.sha1()
+    for path in sorted(Path(__file__).parent.glob("*.[ch]*")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def build_dir() -> Path:
     from radixkv.model.default import cache_root
 
     tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
-    return cache_root().parent / "kernels" / f"{tag}-{_cpu_tag()}"
+    return cache_root().parent / "kernels" / f"{tag}-{_cpu_tag()}-{_source_tag()}"
+
+
+STALE_LOCK_S = 900.0  # a build takes 1-5 minutes; a lock this old was left by a killed build
+
+
+def _clear_stale_lock(path: Path) -> None:
+    """torch's builder holds `lock` while it compiles and waits forever on one left behind by a
+    killed build (every later process would hang); such a lock is removed, with a warning."""
+    lock = path / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("removing a stale kernel build lock (%.0f s old): %s", age, lock)
+        lock.unlink(missing_ok=True)
 
 
 def _ensure_ninja_on_path() -> None:
@@ -97,6 +124,7 @@ def cpu_kernels() -> Any:
         _ensure_ninja_on_path()
         path = build_dir()
         path.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(path)
         flags = ["-O3", "-fopenmp"]
         if os.uname().machine in ("x86_64", "AMD64"):
             flags.append("-march=native")
