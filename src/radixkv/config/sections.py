@@ -8,6 +8,7 @@ two whose flat names are kept from the flat config: `model` (ModelConfig.path) a
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -210,6 +211,14 @@ class SchedulerConfig(Section):
         "lpm: longest cached prefix first; fcfs: arrival order",
         choices=SCHEDULE_POLICIES,
     )
+    schedule_wait_budget_s: float = opt(
+        1.0,
+        "lpm: seconds of arrival order a cached prefix can buy; no request is passed by one "
+        "that arrived more than this after it, so cold prompts are not starved (0: arrival "
+        "order)",
+        flag="--schedule-wait-budget",
+        min=0,
+    )
     chunked_prefill_size: int = opt(2048, "max new prompt tokens per step", min=1)
     max_running_requests: int = opt(32, "requests decoded together", min=1)
     max_queued_requests: int = opt(
@@ -223,6 +232,11 @@ class SchedulerConfig(Section):
     )
     max_n: int = opt(16, "max choices (n) per request; beyond it a 400", min=1)
     seed: int = opt(0, "seed for unseeded sampling")
+
+    def check(self) -> list[tuple[str, str]]:
+        if not math.isfinite(self.schedule_wait_budget_s):
+            return [("schedule_wait_budget_s", "must be a finite number of seconds")]
+        return []
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ requests still in prefill contribute chunks drawn from one budget of `chunked_pr
 prompt tokens per step (oldest first), and new requests are admitted while budget, rows and memory
 remain. Decodes are not charged to the budget, so long prompts never stall running streams.
 
+Admission order: fcfs takes arrival order; lpm the longest cached prefix first, aged by arrival
+time so that no request is passed by one that arrived more than `schedule_wait_budget_s` after it.
+
 Memory pressure: before a step, each decoding request gets a slot for its next token, evicting
 unlocked cached prefixes as needed; when even that cannot fit the batch, the newest running request
 is retracted to the front of the waiting queue (its computed pages go into the cache, so its
@@ -179,7 +182,13 @@ class Scheduler:
             id(r): cache.match(r.tokens[: len(r.tokens) - 1], r.namespace, record=False).length
             for r in head
         }
-        ranked = sorted(head, key=lambda r: -score[id(r)])  # stable: ties keep arrival order
+        # Aging: a cached prefix buys at most `budget` seconds of arrival order (the longest
+        # match in the queue the whole budget, the others their share). Requests arriving
+        # together still go longest prefix first, but no request is passed by one that arrived
+        # more than `budget` seconds after it, so a cold prompt never waits out a warm stream.
+        budget = self.config.schedule_wait_budget_s
+        top = max(score.values(), default=0) or 1
+        ranked = sorted(head, key=lambda r: r.arrival - budget * score[id(r)] / top)
         return ranked + self.waiting[self.lpm_scan_limit :]
 
     def _should_defer(self, req: Request) -> bool:
