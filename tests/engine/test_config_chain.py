@@ -55,7 +55,7 @@ FLAT_DEFAULTS = {
     "hicache_write_policy": "write_through",
     "hicache_storage_backend": None,
     "hicache_storage_url": None,
-    "hicache_storage_prefetch_policy": "best_effort",
+    "hicache_storage_prefetch_policy": "cost_aware",  # the default since the cost model
     "hicache_prefetch_timeout_s": 2.0,
     "hicache_storage_timeout_s": 1.0,
     "hicache_flush_timeout_s": 10.0,

@@ -49,7 +49,7 @@ def _storage(tmp: Path, policy: str = "wait_complete") -> dict[str, object]:
     }
 
 
-@pytest.mark.parametrize("policy", ["wait_complete", "timeout", "best_effort"])
+@pytest.mark.parametrize("policy", ["cost_aware", "wait_complete", "timeout", "best_effort"])
 def test_restart_finds_the_cache_in_storage(tmp_path: Path, policy: str) -> None:
     want = reference()
     a = tier_engine(**_storage(tmp_path, policy))

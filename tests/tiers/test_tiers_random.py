@@ -58,7 +58,7 @@ def test_random_workloads_through_the_tiers(seed: int, tmp_path: Path) -> None:
         cfg["hicache_storage_backend"] = "file"
         cfg["hicache_storage_url"] = str(tmp_path / "l3")
         cfg["hicache_storage_prefetch_policy"] = rng.choice(
-            ["best_effort", "wait_complete", "timeout"]
+            ["cost_aware", "best_effort", "wait_complete", "timeout"]
         )
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in max_tokens]
     for _ in range(2):  # the second engine is a restart on the same storage

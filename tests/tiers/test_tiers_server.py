@@ -69,6 +69,8 @@ def test_server_tiers_end_to_end(
         }
         assert tiers_seen >= {"device", "host", "storage"}
         assert "radixkv_hicache_host_free_pages" in fams
+        assert fams["radixkv_hicache_prefetch_waited"].samples[0].value >= 1  # the L3 reload
+        assert stats["tier_stats"]["prefetch_waited"] >= 1
         state = httpx.get(srv.url + "/dashboard/state", timeout=30).json()
         host = next(p for p in state["pools"] if p["name"] == "host")
         assert host["free"] + host["cached"] + host["held"] == host["slots"] > 0

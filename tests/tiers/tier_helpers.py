@@ -4,12 +4,14 @@ cache-off reference after every step (census of device AND host pools)."""
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from engine_helpers import GREEDY, make_engine, run_checked
 from engine_toy import ToyLM
 
 from radixkv.engine.engine import Engine
+from radixkv.storage import StorageError
 
 LM = ToyLM()
 
@@ -56,3 +58,25 @@ def run_one_by_one(
             got = [o.output_token_ids for o in run_checked(engine, [p], GREEDY)]
         out.extend(got)
     return out
+
+
+class SlowBackend:
+    """Wraps an engine's storage backend (`engine.tiers.worker.backend`): every read round trip
+    takes `delay_s` more (only those that return a value, with `hits_only`), or fails (`down`)."""
+
+    def __init__(
+        self, inner: Any, delay_s: float = 0.0, down: bool = False, hits_only: bool = False
+    ) -> None:
+        self.inner, self.delay_s, self.down, self.hits_only = inner, delay_s, down, hits_only
+        self.name = inner.name
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if self.down:
+            raise StorageError("down")
+        out: list[bytes | None] = self.inner.get_many(keys)
+        if not self.hits_only or (out and out[0] is not None):
+            time.sleep(self.delay_s)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

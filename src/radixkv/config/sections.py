@@ -19,7 +19,7 @@ DTYPE_NAMES = ("auto", "float32", "fp32", "float", "float16", "fp16", "half", "b
 CACHE_KINDS = ("radix", "blockhash")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+PREFETCH_POLICIES = ("cost_aware", "best_effort", "wait_complete", "timeout")
 STORAGE_BACKENDS = ("file", "redis")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _DEVICE = re.compile(r"auto|cpu|mps|xpu|cuda(:\d+)?")
@@ -147,14 +147,17 @@ class CacheConfig(Section):
         None, "directory (file) or redis://host:port[/db]", group=_TIERS
     )
     hicache_storage_prefetch_policy: str = opt(
-        "best_effort",
-        "how long a request waits for its L3 pages before recomputing the rest",
+        "cost_aware",
+        "whether a request waits for its L3 pages (never for what L1/L2 hold): cost_aware "
+        "waits when loading is predicted cheaper than recomputing (measured fetch bandwidth vs "
+        "measured prefill speed); best_effort never; wait_complete until fetched; timeout up "
+        "to --hicache-prefetch-timeout",
         choices=PREFETCH_POLICIES,
         group=_TIERS,
     )
     hicache_prefetch_timeout_s: float = opt(
         2.0,
-        "seconds a request waits for L3 under the timeout policy",
+        "seconds a request waits for L3 at most under the timeout and cost_aware policies",
         flag="--hicache-prefetch-timeout",
         positive=True,
         group=_TIERS,

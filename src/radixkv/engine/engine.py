@@ -106,8 +106,11 @@ class Engine:
         self.kv = KVManager(self.allocator, self.table, self.cache, comp)
         if spec is not None and cfg.tiers_enabled:
             raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
-        self.tiers = self.kv.tiers = tier_setup.make_tiers(cfg.cache, self.pool, self.lm)
-        # Requests held back until their L3 prefetch lands (wait_complete / timeout policies).
+        self.tiers = self.kv.tiers = tier_setup.make_tiers(
+            cfg.cache, self.pool, self.lm, cfg.scheduler.chunked_prefill_size
+        )
+        # Requests held back until their L3 prefetch lands or their bound passes (per the
+        # prefetch policy: radixkv.engine.prefetch).
         self._prefetching: dict[str, tuple[Request, float]] = {}
         self._tier_hits = {"device": 0, "host": 0, "storage": 0}
         self.scheduler = Scheduler(cfg.scheduler, self.kv)
@@ -167,15 +170,14 @@ class Engine:
         return self._grammar
 
     def _queue(self, req: Request) -> None:
-        """To the scheduler, or first to the prefetch hold when L3 has pages for it and the
-        policy waits for them (never longer than the policy's bound: no request hangs)."""
-        policy = self.config.cache.hicache_storage_prefetch_policy
-        started = self.tiers is not None and self.tiers.start_prefetch(self.kv, req)
-        if not started or policy == "best_effort":
+        """To the scheduler, or first to the prefetch hold when L3 may have pages past what L1
+        and L2 hold and the policy waits for them (never longer than its bound: no request
+        hangs)."""
+        bound = self.tiers.start_prefetch(self.kv, req) if self.tiers is not None else None
+        if bound is None:
             self.scheduler.add(req)
         else:
-            t = self.config.cache.hicache_prefetch_timeout_s if policy == "timeout" else 60.0
-            self._prefetching[req.request_id] = (req, time.monotonic() + t)
+            self._prefetching[req.request_id] = (req, time.monotonic() + bound)
 
     def _poll_tiers(self) -> None:
         """Land finished storage I/O; admit held requests whose prefetch is done or timed out."""
@@ -186,6 +188,7 @@ class Engine:
         for rid, (req, deadline) in list(self._prefetching.items()):
             if not self.tiers.prefetch_pending(rid) or now >= deadline:
                 del self._prefetching[rid]
+                self.tiers.end_hold(rid)
                 self.scheduler.add(req)
 
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
@@ -243,7 +246,9 @@ class Engine:
                 # whole pool); fail loudly rather than let generate() spin forever.
                 raise RuntimeError("scheduler stalled: nothing running and nothing admissible")
             return deltas
+        t0 = time.perf_counter()
         logits = self.runner.forward(sched)
+        forward_s = time.perf_counter() - t0
         self.scheduler.after_forward(sched)
         rows = [i for i, r in enumerate(sched.reqs) if r.pending == 0]
         reqs = [sched.reqs[i] for i in rows]
@@ -254,10 +259,14 @@ class Engine:
                 rows += [i] * len(forked)  # they sample from the parent's last logits row
                 reqs += forked
         if rows:
+            t0 = time.perf_counter()
             tokens, lps = next_tokens(logits[rows], reqs)
             now = time.perf_counter()
+            forward_s += now - t0  # the device sync (an async forward) lands here
             for req, tok, lp in zip(reqs, tokens, lps, strict=True):
                 deltas.append(self._on_token(req, tok, lp, now))
+        if self.tiers is not None and sched.num_tokens > len(sched.reqs):  # a step with prefill
+            self.tiers.observe_prefill(sched.num_tokens, forward_s)
         self._maybe_log()
         return deltas
 

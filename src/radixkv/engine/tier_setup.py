@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from radixkv.config import CacheConfig
+from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.tiers import TierManager
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
@@ -43,9 +44,12 @@ def _named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
     return sorted(items, key=lambda kv: kv[0])
 
 
-def make_tiers(cfg: CacheConfig, pool: KVPool, lm: Any) -> TierManager | None:
+def make_tiers(
+    cfg: CacheConfig, pool: KVPool, lm: Any, chunk_tokens: int = 2048
+) -> TierManager | None:
     """The TierManager the config asks for, or None. Without enable_hierarchical_cache but with
-    a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2)."""
+    a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2).
+    `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time)."""
     if not cfg.tiers_enabled:
         return None
     ps = cfg.page_size
@@ -67,4 +71,7 @@ def make_tiers(cfg: CacheConfig, pool: KVPool, lm: Any) -> TierManager | None:
         model_fingerprint(lm, pool.config.dtype),
         storage,
         cfg.hicache_storage_timeout_s,
+        PrefetchPolicy(
+            cfg.hicache_storage_prefetch_policy, cfg.hicache_prefetch_timeout_s, chunk_tokens
+        ),
     )

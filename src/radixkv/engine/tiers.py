@@ -10,9 +10,11 @@ two hooks, both in KVManager: pages the tree adopted (`on_insert`) and pages it 
   also written to storage; the L2 page is pinned (not evictable) until the write is confirmed.
 - match: after the L1 match, `extend` continues page by page through L2, loads those pages into
   fresh device pages and inserts them into the tree (locked for the request) before the forward.
-- L3: `start_prefetch` (at arrival) fetches the pages past L1/L2 on the storage thread; verified
-  payloads land in L2 when the engine polls, where `extend` finds them. What has not arrived by
-  admission (per the prefetch policy) is recomputed.
+- L3: `start_prefetch` (at arrival) fetches the pages past L1/L2 on the storage thread and
+  decides, by the prefetch policy (`radixkv.engine.prefetch`), whether the request waits for them;
+  verified payloads land in L2 when the engine polls, where `extend` finds them. What L1 and L2
+  hold is never waited for (a held request's L2 pages are pinned until its admission); what has
+  not arrived by admission is recomputed.
 
 Device map invariant: `_dev_hash[p]` exists only for device pages the tree owns (adopted on
 insert, dropped on evict/reset), so a slot is never copied after it was freed.
@@ -20,7 +22,9 @@ insert, dropped on evict/reset), so a slot is never copied after it was freed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,7 @@ import numpy as np
 
 from radixkv.cache.tiers import HostIndex, chain_hashes, namespace_seed
 from radixkv.config.sections import WRITE_POLICIES
+from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
@@ -61,6 +66,7 @@ class TierManager:
         fingerprint: str,
         storage: tuple[str, str] | None = None,
         storage_timeout_s: float = 1.0,
+        prefetch: PrefetchPolicy | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown write policy {write_policy!r} ({', '.join(WRITE_POLICIES)})")
@@ -78,6 +84,8 @@ class TierManager:
         # Host pages a request's prefetch landed, pinned (held) until its match used them.
         self._req_pins: dict[str, list[int]] = {}
         self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
+        self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
+        self.prefetch = prefetch or PrefetchPolicy()
         self._fetch_ids = 0
         self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
         self.worker: StorageWorker | None = None
@@ -91,6 +99,7 @@ class TierManager:
                 length=self.host.page_bytes,
             )
             self.worker = StorageWorker(make_backend(*storage, timeout_s=storage_timeout_s), meta)
+            self.prefetch.fetch_batch = self.worker.fetch_batch
 
     # -- hashes --------------------------------------------------------------------------------
     def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
@@ -108,6 +117,7 @@ class TierManager:
         self._hashes.pop(_key(req), None)
         self._loaded.pop(_key(req), None)
         self._req_fetch.pop(req.request_id, None)
+        self._held.pop(req.request_id, None)
         self._unpin_request(req.request_id)
 
     def _unpin_request(self, request_id: str) -> None:
@@ -253,11 +263,14 @@ class TierManager:
         return new_len, np.asarray(m.slots[:new_len], dtype=np.int64)
 
     # -- L3 prefetch ---------------------------------------------------------------------------
-    def start_prefetch(self, kv: KVManager, req: Request) -> bool:
-        """Ask storage for the prompt's pages past what L1 and L2 hold; True if a fetch is now in
-        flight for `req` (poll() lands its pages in L2)."""
+    def start_prefetch(self, kv: KVManager, req: Request) -> float | None:
+        """At arrival: ask storage for the prompt's pages past what L1 and L2 hold, and decide by
+        the prefetch policy whether `req` waits for them. Returns the longest it may be held
+        (seconds; poll() lands its pages in L2, `end_hold` ends the hold), or None: schedule it
+        now. Only the storage part is waited for; a held request's L2 pages are pinned until
+        its admission, so the wait cannot cost it what L2 already had."""
         if self.worker is None:
-            return False
+            return None
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
         have = 0
@@ -265,16 +278,46 @@ class TierManager:
             query = req.tokens[: n_pages * ps]
             have = kv.cache.match(query, req.namespace, record=False).length // ps
         hs = self.hashes(req, n_pages * ps)
-        while have < n_pages and self.index.lookup(hs[have], touch=False) is not None:
+        in_l2: list[int] = []
+        while have < n_pages:
+            hp = self.index.lookup(hs[have], touch=False)
+            if hp is None:
+                break
+            in_l2.append(hp)
             have += 1
         want = hs[have : have + MAX_PREFETCH_PAGES]
+        if not want:
+            return None
+        queued = sum(len(h) for _, h in self._fetching.values())
+        d = self.prefetch.decide(len(want), ps, self.host.page_bytes, self.worker.healthy, queued)
         fid = self._fetch_ids = self._fetch_ids + 1
-        if not want or not self.worker.submit_fetch(fid, [h.hex() for h in want]):
-            return False
-        self._fetching[fid] = (req.request_id, want)
-        self._req_fetch[req.request_id] = fid
-        self.counters.prefetch_started += 1
-        return True
+        if self.worker.submit_fetch(fid, [h.hex() for h in want]):
+            self._fetching[fid] = (req.request_id, want)
+            self._req_fetch[req.request_id] = fid
+            self.counters.prefetch_started += 1
+        elif d.wait:
+            d = dataclasses.replace(d, wait=False, bound_s=0.0, reason="refused")
+        self.prefetch.count(d)
+        if not d.wait:
+            return None
+        for hp in in_l2:
+            self.index.pin(hp)
+        self._req_pins.setdefault(req.request_id, []).extend(in_l2)
+        self._held[req.request_id] = time.monotonic()
+        return d.bound_s
+
+    def end_hold(self, request_id: str) -> None:
+        """The engine ends `request_id`'s hold (its fetch finished or its bound passed)."""
+        start = self._held.pop(request_id, None)
+        if start is not None:
+            timed_out = self.prefetch_pending(request_id)
+            self.prefetch.released(time.monotonic() - start, timed_out)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A forward step with prefill tokens took `seconds` (the recompute side of the cost
+        model; only measured when there is storage to weigh it against)."""
+        if self.worker is not None:
+            self.prefetch.observe_prefill(tokens, seconds)
 
     def prefetch_pending(self, request_id: str) -> bool:
         fid = self._req_fetch.get(request_id)
@@ -292,6 +335,7 @@ class TierManager:
                 if res.ok:
                     self._stored.add(h)
             elif isinstance(res, FetchDone):
+                self.prefetch.observe_fetch(res.timings)
                 self._land(res)
 
     def _land(self, res: FetchDone) -> None:
@@ -367,6 +411,7 @@ class TierManager:
                 storage_errors=c.errors,
                 storage_unhealthy_events=c.unhealthy_events,
             )
+            out.update(self.prefetch.stats())
         return out
 
     def check(self, tree_pages: set[int]) -> None:

@@ -193,9 +193,10 @@ class EngineMetrics:
     forked_choices_total: int = 0  # choices of n > 1 requests that forked from a prefill
     # Hierarchical cache: prompt tokens served per tier (first admission; device = L1 tree hit,
     # host = loaded from L2, storage = fetched from L3; all device without tiers), and the
-    # tiers' own figures (host pool census in pages, storage health, I/O); empty without tiers.
+    # tiers' own figures (host pool census in pages, storage health, I/O, the prefetch policy's
+    # decisions and estimates); empty without tiers.
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
-    tier_stats: dict[str, int] = field(default_factory=dict)
+    tier_stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def token_hit_rate(self) -> float:

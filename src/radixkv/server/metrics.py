@@ -87,9 +87,9 @@ def _tier_metrics(m: EngineMetrics) -> Iterable[Metric]:
         for tier, value in sorted(m.cached_tokens_by_tier.items()):
             fam.add_metric([tier], float(value))
         yield fam
-    for name, value in sorted(m.tier_stats.items()):
+    for name, figure in sorted(m.tier_stats.items()):
         yield GaugeMetricFamily(
-            f"radixkv_hicache_{name}", f"Hierarchical cache: {name}", value=value
+            f"radixkv_hicache_{name}", f"Hierarchical cache: {name}", value=figure
         )
 
 

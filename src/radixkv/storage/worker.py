@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixkv.storage.base import StorageBackend, StorageError
@@ -37,6 +37,9 @@ class WriteDone:
 class FetchDone:
     token: Any
     payloads: list[bytes]  # verified payloads of the leading keys found, in order
+    # (bytes returned, seconds) per backend round trip, verification included: what the
+    # prefetch policy's bandwidth estimate learns from (failed round trips are not timed).
+    timings: list[tuple[int, float]] = field(default_factory=list, compare=False)
 
 
 @dataclass
@@ -194,7 +197,9 @@ class StorageWorker:
                 with self._lock:
                     self._pending_writes -= 1
             else:
-                self.results.put(FetchDone(job[0], self._fetch(job[1])))
+                timings: list[tuple[int, float]] = []
+                payloads = self._fetch(job[1], timings)
+                self.results.put(FetchDone(job[0], payloads, timings))
 
     def _write(self, key: str, payload: Callable[[], bytes]) -> bool:
         if not self._usable():
@@ -210,30 +215,43 @@ class StorageWorker:
         self._count("writes_ok")
         return True
 
-    def _fetch(self, keys: list[str]) -> list[bytes]:
+    def _fetch(self, keys: list[str], timings: list[tuple[int, float]]) -> list[bytes]:
         """Verified payloads of the leading run of `keys` present in storage, read in batches
-        of `fetch_batch` (one round trip each); stops at the first miss, error or bad value."""
+        of `fetch_batch` (one round trip each, timed into `timings`); stops at the first miss,
+        error or bad value."""
         out: list[bytes] = []
         for start in range(0, len(keys), self.fetch_batch):
             batch = keys[start : start + self.fetch_batch]
             if not self._usable():
                 break
+            t0 = time.perf_counter()
             try:
                 values = self.backend.get_many(batch)
             except StorageError as exc:
                 self._failed(exc)
                 break
             self._ok()
-            for key, value in zip(batch, values, strict=True):
-                if value is None:
-                    self._count("reads_miss")
-                    return out
-                payload = self._verify(key, value)
-                if payload is None:
-                    return out
-                out.append(payload)
-                self._count("reads_hit")
+            got = len(out)
+            complete = self._take(batch, values, out)
+            nbytes = sum(len(p) for p in out[got:])
+            timings.append((nbytes, time.perf_counter() - t0))
+            if not complete:
+                break
         return out
+
+    def _take(self, batch: list[str], values: list[bytes | None], out: list[bytes]) -> bool:
+        """Append the verified payloads of the leading present values; False at a miss or a
+        bad value (the run ends there)."""
+        for key, value in zip(batch, values, strict=True):
+            if value is None:
+                self._count("reads_miss")
+                return False
+            payload = self._verify(key, value)
+            if payload is None:
+                return False
+            out.append(payload)
+            self._count("reads_hit")
+        return True
 
     def _verify(self, key: str, value: bytes) -> bytes | None:
         """The page's payload, or None after deleting a value that fails verification."""

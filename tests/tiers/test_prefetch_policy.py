@@ -1,0 +1,197 @@
+"""The prefetch policies' cost model (radixkv.engine.prefetch), unit-tested without storage or a
+model: a slow backend is recomputed, a fast one is waited for, an unhealthy one is not, and the
+SGLang policies keep their meaning. Then the decision through an engine (toy model, file L3): a
+slow or failing backend is not waited for, and the counts show in the tier stats and /metrics."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tier_helpers import SlowBackend, reference, run_one_by_one, tier_engine
+
+from radixkv.engine.engine import Engine
+from radixkv.engine.prefetch import WAIT_COMPLETE_CAP_S, PrefetchPolicy, RunningLine
+from radixkv.engine.types import EngineMetrics
+from radixkv.server.metrics import ServerMetrics
+
+PAGE = 16
+PAGE_BYTES = 30 * 2 * 16 * 3 * 64 * 2  # SmolLM2-135M, bfloat16, page 16: 368,640 bytes
+PAGES = 93  # a 1,500-token prompt
+
+
+def measured(
+    bytes_per_s: float,
+    rtt_s: float = 0.0005,
+    prefill_tokens_per_s: float = 1000.0,
+    step_s: float = 0.002,
+    **kw: Any,
+) -> PrefetchPolicy:
+    """A cost_aware policy that observed fetches and prefill steps of the given speeds."""
+    p = PrefetchPolicy(timeout_s=kw.pop("timeout_s", 2.0), chunk_tokens=2048, **kw)
+    for _ in range(4):
+        for pages in (0, 5, 32):  # misses and hits: the latency and the bandwidth
+            nbytes = pages * PAGE_BYTES
+            p.observe_fetch([(nbytes, rtt_s + nbytes / bytes_per_s)])
+        for tokens in (16, 300, 2048):
+            p.observe_prefill(tokens, step_s + tokens / prefill_tokens_per_s)
+    return p
+
+
+def test_running_line_fits_drifts_and_degenerates() -> None:
+    line = RunningLine()
+    assert line.fit() == (None, None)
+    for x in (0.0, 1e3, 2e3, 4e3, 8e3):
+        line.observe(x, 0.001 + 2e-6 * x)
+    a, b = line.fit()
+    assert a == pytest.approx(0.001) and b == pytest.approx(2e-6)
+    for _ in range(200):  # the backend got twice as slow: recent observations dominate
+        for x in (0.0, 4e3):
+            line.observe(x, 0.001 + 4e-6 * x)
+    a, b = line.fit()
+    assert a == pytest.approx(0.001, rel=0.05) and b == pytest.approx(4e-6, rel=0.05)
+
+    misses = RunningLine()
+    misses.observe(0.0, 0.003)
+    assert misses.fit() == (pytest.approx(0.003), None)  # latency only, bandwidth unknown
+    same = RunningLine()
+    for _ in range(3):
+        same.observe(10.0, 0.5)
+    assert same.fit() == (0.0, pytest.approx(0.05))  # all at one x: proportional
+    noisy = RunningLine()
+    for x, y in ((1.0, 0.9), (2.0, 0.5), (3.0, 0.1)):  # slope <= 0 is noise: flat
+        noisy.observe(x, y)
+    assert noisy.fit() == (pytest.approx(0.5, rel=0.05), 0.0)
+
+
+def test_fast_backend_is_waited_for() -> None:
+    p = measured(bytes_per_s=1e9)  # local Redis-class bandwidth vs a 1,000 tok/s CPU prefill
+    d = p.decide(PAGES, PAGE, PAGE_BYTES)
+    assert d.wait and d.reason == "cheaper"
+    assert d.load_s is not None and d.recompute_s is not None
+    assert d.load_s == pytest.approx(3 * 0.0005 + PAGES * PAGE_BYTES / 1e9, rel=0.01)
+    assert d.recompute_s == pytest.approx(0.002 + PAGES * PAGE / 1000.0, rel=0.01)
+    assert d.bound_s == pytest.approx(min(2.0, d.recompute_s))  # never past recomputing
+
+
+def test_slow_backend_is_recomputed() -> None:
+    p = measured(bytes_per_s=10e6)  # 10 MB/s: 3.4 s for the 34 MB the prompt's pages weigh
+    d = p.decide(PAGES, PAGE, PAGE_BYTES)
+    assert not d.wait and d.reason == "slower"
+    assert d.load_s is not None and d.recompute_s is not None and d.load_s > d.recompute_s
+
+
+def test_fast_prefill_is_recomputed() -> None:
+    # A GPU prefills 1,488 tokens in ~15 ms: a 1 GB/s fetch of 34 MB (~35 ms) does not pay.
+    d = measured(bytes_per_s=1e9, prefill_tokens_per_s=1e5, step_s=0.0).decide(
+        PAGES, PAGE, PAGE_BYTES
+    )
+    assert not d.wait and d.reason == "slower"
+
+
+def test_unhealthy_backend_is_recomputed() -> None:
+    d = measured(bytes_per_s=1e9).decide(PAGES, PAGE, PAGE_BYTES, healthy=False)
+    assert not d.wait and d.reason == "unhealthy"
+    assert not PrefetchPolicy().decide(PAGES, PAGE, PAGE_BYTES, healthy=False).wait
+
+
+def test_queue_ahead_and_timeout_bound_the_wait() -> None:
+    p = measured(bytes_per_s=1e9)
+    assert not p.decide(PAGES, PAGE, PAGE_BYTES, queued_pages=4000).wait  # behind 1.5 GB
+    # Cheaper than a 10 s recompute, but past the 2 s timeout: not waited for.
+    slow_prefill = measured(bytes_per_s=15e6, prefill_tokens_per_s=150.0)
+    d = slow_prefill.decide(PAGES, PAGE, PAGE_BYTES)
+    assert d.load_s is not None and d.recompute_s is not None
+    assert d.load_s < d.recompute_s and d.load_s > 2.0 and not d.wait
+
+
+def test_unmeasured_waits_bounded_then_learns() -> None:
+    p = PrefetchPolicy(timeout_s=2.0)
+    d = p.decide(PAGES, PAGE, PAGE_BYTES)  # a fresh server: its own fetch will measure
+    assert d.wait and d.reason == "unmeasured" and d.bound_s == 2.0
+    p.observe_prefill(1500, 0.05)  # prefill measured, the backend not yet: bounded by it
+    d = p.decide(PAGES, PAGE, PAGE_BYTES)
+    assert d.wait and d.reason == "unmeasured" and d.bound_s == pytest.approx(0.05 * 1488 / 1500)
+    p.observe_fetch([(0, 0.5)])  # only misses so far, each round trip 0.5 s: already slower
+    d = p.decide(PAGES, PAGE, PAGE_BYTES)
+    assert not d.wait and d.reason == "slower"
+
+
+def test_sglang_policies_keep_their_meaning() -> None:
+    slow = {"bytes_per_s": 1e3}
+    assert not measured(bytes_per_s=1e12, name="best_effort").decide(PAGES, PAGE, 1).wait
+    d = measured(name="wait_complete", **slow).decide(PAGES, PAGE, PAGE_BYTES)
+    assert d.wait and d.bound_s == WAIT_COMPLETE_CAP_S
+    d = measured(name="timeout", timeout_s=0.7, **slow).decide(PAGES, PAGE, PAGE_BYTES)
+    assert d.wait and d.bound_s == 0.7
+    with pytest.raises(ValueError, match="unknown prefetch policy"):
+        PrefetchPolicy("sometimes").decide(1, PAGE, PAGE_BYTES)
+
+
+def test_decisions_are_counted_in_stats() -> None:
+    p = measured(bytes_per_s=1e9)
+    for healthy in (True, True, False):
+        p.count(p.decide(PAGES, PAGE, PAGE_BYTES, healthy=healthy))
+    p.released(0.25, timed_out=True)
+    s = p.stats()
+    assert s["prefetch_waited"] == 2 and s["prefetch_skipped"] == 1
+    assert s["prefetch_decided_cheaper"] == 2 and s["prefetch_decided_unhealthy"] == 1
+    assert s["prefetch_timed_out"] == 1 and s["prefetch_wait_s_total"] == 0.25
+    assert s["prefetch_est_fetch_bytes_per_s"] == pytest.approx(1e9, rel=0.01)
+    assert s["prefetch_est_fetch_rtt_s"] == pytest.approx(0.0005, rel=0.01)
+    assert s["prefetch_est_prefill_tokens_per_s"] == pytest.approx(1000.0, rel=0.01)
+    assert s["prefetch_last_waited"] == 0  # the unhealthy one
+    assert all(isinstance(v, int | float) for v in s.values())  # they become gauges
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(
+            ServerMetrics(lambda: EngineMetrics(*[0] * 11, tier_stats=s)).render().decode()
+        )
+    }
+    assert fams["radixkv_hicache_prefetch_waited"].samples[0].value == 2
+    assert fams["radixkv_hicache_prefetch_est_fetch_bytes_per_s"].samples[0].value > 0
+
+
+# -- through an engine (toy model, file L3) ------------------------------------------------------
+
+
+def _file(tmp: Path) -> dict[str, Any]:
+    return {"hicache_storage_backend": "file", "hicache_storage_url": str(tmp / "l3")}
+
+
+def _filled(tmp: Path) -> None:
+    a = tier_engine(**_file(tmp))
+    assert run_one_by_one(a) == reference() and a.close()
+
+
+def _wrap(e: Engine, **kw: Any) -> None:
+    assert e.tiers is not None and e.tiers.worker is not None
+    e.tiers.worker.backend = SlowBackend(e.tiers.worker.backend, **kw)
+
+
+def test_slow_backend_is_not_waited_for_once_measured(tmp_path: Path) -> None:
+    _filled(tmp_path)
+    b = tier_engine(**_file(tmp_path))  # the default policy: cost_aware
+    _wrap(b, delay_s=0.3)  # 0.3 s a round trip, against a toy prefill of about a millisecond
+    t0 = time.perf_counter()
+    assert run_one_by_one(b) == reference()
+    elapsed = time.perf_counter() - t0
+    s = b.metrics().tier_stats
+    assert s["prefetch_decided_slower"] >= 4, s
+    assert s["prefetch_waited"] <= 2, s  # only before the first round trip was measured
+    assert elapsed < 0.3 * 6, elapsed  # not one round trip per request
+    b.close()
+
+
+def test_failing_backend_is_not_waited_for(tmp_path: Path) -> None:
+    _filled(tmp_path)
+    b = tier_engine(**_file(tmp_path))
+    _wrap(b, down=True)
+    assert run_one_by_one(b) == reference()
+    s = b.metrics().tier_stats
+    assert s["storage_healthy"] == 0 and s["prefetch_decided_unhealthy"] >= 1, s
+    assert b.metrics().cached_tokens_by_tier["storage"] == 0
+    b.close()
