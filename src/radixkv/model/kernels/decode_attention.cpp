@@ -1,9 +1,9 @@
 // Decode attention over a slot-indexed KV pool, for CPU: one query token per request attends to
-// its context's K/V rows read in place from the pool (no gather copy), f32 scores, softmax and
-// accumulation. One work item per request (or per (request, KV head) when requests are fewer than
-// threads): the G query heads of a KV head share every K/V row loaded (grouped-query attention
-// without repeating K/V). Two passes over the context: scores (K rows), then the
-// softmax-weighted sum (V rows); each row is read once per pass, prefetched a few tokens ahead.
+// its context's K/V rows read in place from the pool (no gather copy). On AVX-512 with a head dim
+// that is a multiple of 16 (up to 256) it sums in the extend kernel's order (decode_canon.h), so a
+// decode step and a prefill chunk give the same bits for the same token; work items are (request,
+// KV head), longest context first, and the G query heads of a KV head share every K/V row loaded.
+// Elsewhere a scalar two-pass loop serves (scores, softmax, weighted sum), without that promise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
