@@ -226,16 +226,6 @@ void block_values_f32(const Problem& P, const T* v, const int64_t* sl, int64_t k
 }
 
 #if defined(__AVX512BF16__)
-// Word indices that interleave the two 16-word halves of a vector: (a0, b0, a1, b1, ...).
-inline __m512i pair_idx() {
-  alignas(64) int16_t idx[32];
-  for (int i = 0; i < 16; ++i) {
-    idx[2 * i] = static_cast<int16_t>(i);
-    idx[2 * i + 1] = static_cast<int16_t>(16 + i);
-  }
-  return _mm512_load_si512(idx);
-}
-
 // Phase D (bfloat16 values): the weights rounded to bf16 pairs (2c, 2c+1) and one VDPBF16PS per
 // pair against the two V rows interleaved, for GT heads from g0.
 template <int ND, int GT>
@@ -249,7 +239,7 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
       // j*16 .. j*16+15, words 8..15 those of the next 16.
       _mm512_store_si512(&w.pw[g0 + g][j * 8], pairs);
     }
-  const __m512i idx = pair_idx();
+  const __m512i idx = interleave_idx();
   __m512 o[GT][ND];
   for (int g = 0; g < GT; ++g)
     for (int i = 0; i < ND; ++i)

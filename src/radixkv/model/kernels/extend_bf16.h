@@ -16,16 +16,6 @@
 #if defined(__AVX512BF16__)
 namespace radixkv_extend {
 
-// Word indices that interleave the two 16-word halves of a vector: (a0, b0, a1, b1, ...).
-inline __m512i interleave_idx() {
-  alignas(64) int16_t idx[32];
-  for (int i = 0; i < 16; ++i) {
-    idx[2 * i] = static_cast<int16_t>(i);
-    idx[2 * i + 1] = static_cast<int16_t>(16 + i);
-  }
-  return _mm512_load_si512(idx);
-}
-
 struct BF16Products {
   static void load_q(const Problem& P, const c10::BFloat16* q, const Item& it, int64_t rows,
                      Scratch& w) {

@@ -49,6 +49,17 @@ inline __m512 exp_neg(__m512 x) {
   return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, k));
 }
 
+// Word indices that interleave the two 16-word halves of a vector: (a0, b0, a1, b1, ...) — two
+// bf16 rows made into the (row 2c, row 2c+1) pairs VDPBF16PS reads.
+inline __m512i interleave_idx() {
+  alignas(64) int16_t idx[32];
+  for (int i = 0; i < 16; ++i) {
+    idx[2 * i] = static_cast<int16_t>(i);
+    idx[2 * i + 1] = static_cast<int16_t>(16 + i);
+  }
+  return _mm512_load_si512(idx);
+}
+
 // The lanes [0, n) of a 16-lane tail (n < 16 allowed; n >= 16 means all).
 inline __mmask16 lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
