@@ -128,6 +128,8 @@ def test_second_engine_and_restart_on_one_redis(
     assert cached >= 0.9 * PROMPT_LEN, cached
     assert b.metrics().cached_tokens_by_tier["storage"] == cached
     generate(b, prompts[3])  # b measured its prefill and the backend: now it weighs them
+    assert b.tiers is not None and b.tiers.worker is not None
+    assert b.tiers.worker.drain_writes(10.0)  # b's pages of prompt 3 are in Redis before c asks
     assert a.close()
     c = engine(tiny, **flags)  # a restart of the first one
     got, cached = generate(c, prompts[3])
