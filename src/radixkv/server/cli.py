@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
 
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(serve)
-    serve.set_defaults(compile=True)  # a server compiles the model once at start-up
+    # No torch.compile by default: every numeric step of the Llama path is a C++ op, so the
+    # compiled and eager models run equally fast (docs/determinism.md) and eager starts ~6 s sooner.
     # --host, --port, --api-key, --served-model-name, --log-level, --threads, --in-process
     ServerConfig.add_args(serve)
     serve.set_defaults(func=cmd_serve)
