@@ -187,7 +187,7 @@ inline float tree_sum(const float* e) {
 
 // Phase C: the online-softmax update of head g for this block (scores become weights e).
 // Returns alpha, the factor for the earlier sum.
-inline float block_softmax(int64_t g, int64_t nk, Scratch& w) {
+inline float block_softmax(int64_t g, Scratch& w) {
   const __m512 neg = _mm512_set1_ps(kNegInf);
   __m512 bm = neg;
   for (int j = 0; j < 4; ++j) bm = _mm512_max_ps(bm, _mm512_load_ps(&w.sc[g][j * 16]));
@@ -198,8 +198,8 @@ inline float block_softmax(int64_t g, int64_t nk, Scratch& w) {
   const float alpha = _mm512_cvtss_f32(exp_neg(_mm512_sub_ps(_mm512_set1_ps(m_old), sv)));
   for (int j = 0; j < 4; ++j)
     _mm512_store_ps(&w.sc[g][j * 16], exp_neg(_mm512_sub_ps(_mm512_load_ps(&w.sc[g][j * 16]), sv)));
+  // Keys past the context weigh +0 (masked scores), an exact identity in the sum.
   w.l[g] = std::fma(w.l[g], alpha, tree_sum(w.sc[g]));
-  (void)nk;  // keys past nk weigh +0 (masked scores), an exact identity in the sum
   w.m[g] = m_new;
   return alpha;
 }
@@ -296,7 +296,7 @@ void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, i
     const int64_t nk = std::min<int64_t>(kBlockKeys, p + 1 - kb0);
     load_block_keys<T, Words>(P, k, sl, kb0, nk, h, w);
     RKV_BY_GT(4, (block_scores<Words, GT>(P, gs, kb0, nk, lo, w)))
-    for (int64_t g = g0; g < g0 + gn; ++g) alpha[g] = block_softmax(g, nk, w);
+    for (int64_t g = g0; g < g0 + gn; ++g) alpha[g] = block_softmax(g, w);
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<Words, BF16Words>) {
       RKV_BY_GT(GV, (block_values_bf16<ND, GT>(P, v, sl, kb0, nk, h, gs, alpha + gs, w)))
