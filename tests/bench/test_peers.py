@@ -13,7 +13,7 @@ import pytest
 
 from radixkv.bench.peer_server import PeerServer, vllm_env
 from radixkv.bench.peer_table import peers_table
-from radixkv.bench.peers import WORKLOADS, run_vllm_client
+from radixkv.bench.peers import WORKLOADS, run_sglang_client, run_vllm_client
 
 HEALTH_SERVER = textwrap.dedent(
     """
@@ -146,3 +146,53 @@ def test_reports_carry_no_machine_paths() -> None:
     home = str(Path.home())
     text = f"/opt/venv/bin/python -m x --tokenizer {home}/.cache/m"
     assert scrub(text, "/opt/venv/bin/python") == "$VLLM_PYTHON -m x --tokenizer ~/.cache/m"
+
+
+FAKE_SGLANG = textwrap.dedent(
+    """
+    import argparse, json
+    p = argparse.ArgumentParser()
+    for f in ("--backend", "--base-url", "--model", "--tokenizer", "--seed", "--output-file",
+              "--dataset-name", "--gsp-num-groups", "--gsp-prompts-per-group",
+              "--gsp-system-prompt-len", "--gsp-question-len", "--gsp-output-len",
+              "--max-concurrency"):
+        p.add_argument(f)
+    p.add_argument("--disable-tqdm", action="store_true")
+    a = p.parse_args()
+    assert a.backend == "vllm" and a.dataset_name == "generated-shared-prefix"
+    res = {"duration": 4.0, "mean_ttft_ms": 50.0, "p99_ttft_ms": 90.0, "mean_tpot_ms": 5.0,
+           "output_throughput": 8.0, "args": vars(a)}
+    with open(a.output_file, "a") as f:
+        f.write(json.dumps({"duration": 99.0}) + "\\n" + json.dumps(res) + "\\n")
+    """
+)
+
+
+def test_sglang_client_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "site" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bench_serving.py").write_text(FAKE_SGLANG)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    res = run_sglang_client(sys.executable, "http://x", "m", "tok", "gsp", tmp_path, 3)
+    assert res["duration"] == 4.0  # the last line of the JSONL file is this run's
+    assert res["args"]["gsp_system_prompt_len"] == "1024"
+    assert res["args"]["seed"] == "3"
+    assert "sglang.bench_serving" in res["command"]
+
+
+def test_peers_table_names_each_workloads_peer_client() -> None:
+    def run(engine: str, dur: float) -> dict[str, object]:
+        s = {"duration": dur, "mean_ttft_ms": 1.0, "p99_ttft_ms": 2.0, "mean_tpot_ms": 1.0}
+        return {
+            "engine": engine,
+            "dtype": "bfloat16",
+            "server": {"command": f"start {engine}"},
+            "gsp": {"sglang_client": s, "radixkv_client": _our(dur, 0.1, 0.01)},
+        }
+
+    workloads = {"gsp": {"sglang_client": [], "radixkv_client": []}}
+    md = peers_table({"workloads": workloads, "runs": [run("radixkv", 8), run("vllm", 10)]})
+    assert "| gsp | sglang | bfloat16 | duration (s) | 8.0 | 10.0 | 0.80x |" in md
+    assert "| gsp | sglang | bfloat16 | p99 TTFT (ms) | 2.0 | 2.0 | 1.00x |" in md
+    assert "| gsp | vllm |" not in md

