@@ -27,7 +27,7 @@ import numpy as np
 from radixkv.bench.traces import TraceRequest, trace_summary
 from radixkv.cache import available_policies
 from radixkv.cache.base import PrefixCache
-from radixkv.cache.belady import belady
+from radixkv.cache.policies.research.belady import belady
 
 CacheFactory = Callable[[], PrefixCache]
 ORACLES = ("belady",)  # offline optima: they know the future; marked in every table
