@@ -19,6 +19,7 @@ from collections.abc import Sequence
 # (module, is_bench_subcommand); each module exposes register(subparsers).
 _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.server.cli", False),  # serve, generate, chat
+    ("radixkv.server.demo", False),  # demo
     ("radixkv.bench.replay_cli", False),  # replay
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
