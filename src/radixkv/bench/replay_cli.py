@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         doc = {"argv": display_args(sys.argv[1:]), "traces": [r.to_dict() for r in reports]}
         args.json.write_text(json.dumps(doc, indent=2))
     if args.plot:
-        from radixkv.bench.plot import plot_hit_rates
+        from radixkv.bench.plots import plot_hit_rates
 
         plot_hit_rates(reports, args.plot)
     return 0
