@@ -3,7 +3,7 @@
 # bfloat16, eager and compiled), `radixkv bench engine`, and a short serving benchmark.
 #   scripts/gpu_check.sh                      # cuda, results in gpu_check.json
 #   scripts/gpu_check.sh --device cpu         # the same path on CPU (dry run)
-# Extra arguments go to `python -m radixkv.bench.gpu_check` (see --help).
+# Extra arguments go to `scripts/gpu_check.py` (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -11,4 +11,4 @@ if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$PY" -m radixkv.bench.gpu_check --compile --json gpu_check.json "$@"
+exec timeout 480 "$PY" scripts/gpu_check.py --compile --json gpu_check.json "$@"

@@ -1,7 +1,8 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, tiers, serve, compare, report,
-grammar, peers, answers}.
+serve | demo | generate | chat | replay | bench {tree, engine, tiers, eviction, serve, compare,
+grammar, peers, answers}. (The maintainers' tools, e.g. the report that writes
+docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -18,14 +19,14 @@ from collections.abc import Sequence
 # (module, is_bench_subcommand); each module exposes register(subparsers).
 _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.server.cli", False),  # serve, generate, chat
-    ("radixkv.bench.replay", False),  # replay
+    ("radixkv.server.demo", False),  # demo
+    ("radixkv.bench.replay_cli", False),  # replay
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
     ("radixkv.bench.tiers", True),  # bench tiers
     ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare
-    ("radixkv.bench.report", True),  # bench report
     ("radixkv.bench.grammar", True),  # bench grammar
     ("radixkv.bench.peers", True),  # bench peers
     ("radixkv.bench.answers", True),  # bench answers
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="radixkv", description="RadixKV: LLM serving with a radix-tree KV cache."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    bench = sub.add_parser("bench", help="benchmarks (tree, engine, serve, compare, report)")
+    bench = sub.add_parser("bench", help="benchmarks (tree, engine, serve, compare, ...)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     for module_name, is_bench in _COMMANDS:
         try:

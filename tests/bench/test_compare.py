@@ -1,4 +1,4 @@
-"""`bench compare` / `bench report`: the table and its ratios, the outputs, and (slow) a short
+"""`bench compare` / `scripts/report.py`: the table and its ratios, the outputs, and (slow) a short
 end-to-end compare against our real server on a tiny model."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from fake_openai_server import FakeServer
 
-from radixkv.bench import compare, report
+from radixkv.bench import compare
 from radixkv.bench.client import RequestResult
 from radixkv.bench.compare_table import markdown_table, table_rows
 from radixkv.bench.metrics import summarize
-from radixkv.bench.report import render
+from scripts import report
+from scripts.report import render
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -83,10 +84,10 @@ def test_outputs_and_report(tmp_path: Path) -> None:
     saved = json.loads(Path(files["json"]).read_text())
     assert saved["plots"]["ttft_cdf"] == files["ttft_cdf"]
     md = tmp_path / "docs" / "benchmarks.md"
-    text = render([saved], md, "radixkv bench report --from x.json", ["peer: started by hand"])
+    text = render([saved], md, "python scripts/report.py --from x.json", ["peer: started by hand"])
     assert md.read_text() == text
     assert "radixkv bench compare --model default --workload shared-prefix" in text
-    assert "radixkv bench report --from x.json" in text and "- peer: started by hand" in text
+    assert "python scripts/report.py --from x.json" in text and "- peer: started by hand" in text
     assert "| TTFT mean ÷ off" in text and "0.25×" in text
     assert "**radix** vs cache off: mean TTFT 0.20 s → 0.05 s (0.25×)" in text
     assert "output throughput 1.00×, token hit rate 75.0% (ideal 75.0%)" in text
@@ -152,8 +153,7 @@ def test_compare_end_to_end_against_our_server(tiny_model_dir: Any, tmp_path: Pa
     assert 0.5 * ideal < radix["token_hit_rate"] <= ideal + 1e-9
     assert (out / "ttft_cdf.png").read_bytes()[:8] == PNG_MAGIC
     md = tmp_path / "benchmarks.md"
-    rargs = _parse(report, ["report", "--from", str(out / "compare.json"), "--out", str(md)])
-    assert rargs.func(rargs) == 0
+    assert report.main(["--from", str(out / "compare.json"), "--out", str(md)]) == 0
     text = md.read_text()
     assert "| TTFT mean ÷ off" in text and re.search(r"\|\s*off\s*\|\s*radix\s*\|", text)
     assert "![ttft_cdf](benchmarks/0-shared-prefix-ttft_cdf.png)" in text

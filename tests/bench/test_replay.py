@@ -11,15 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radixkv.bench.replay import (
-    POLICIES,
-    default_capacities,
-    make_factory,
-    parse_tokens,
-    register,
-    replay,
-    replay_grid,
-)
+from radixkv.bench.replay import POLICIES, default_capacities, make_factory, replay, replay_grid
+from radixkv.bench.replay_cli import parse_tokens, register
 from radixkv.bench.traces import TraceRequest, load_claude_code, load_mooncake
 
 # The public traces ship with the repository (data/traces/README.md).

@@ -15,9 +15,9 @@ from fake_openai_server import FakeServer
 from radixkv.bench import compare
 from radixkv.bench.client import RequestResult
 from radixkv.bench.metrics import summarize
-from radixkv.bench.report import render
 from radixkv.bench.rounds import merge_rounds, round_orders
 from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS
+from scripts.report import render
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -154,7 +154,7 @@ def test_report_shows_order_and_per_round_ttft(tmp_path: Path) -> None:
         "workload": {"name": "shared-prefix", "seed": 0, "params": {}, "num_requests": 2,
                      "prompt_tokens": 200, "max_output_tokens": 20, "ideal_hit_rate": 0.6},
     }  # fmt: skip
-    text = render([result], tmp_path / "b.md", "radixkv bench report --from x")
+    text = render([result], tmp_path / "b.md", "python scripts/report.py --from x")
     assert "Run order: 2 rounds" in text
     assert "- round 1: off → blockhash" in text and "- round 2: blockhash → off" in text
     row = next(line for line in text.splitlines() if line.startswith("| blockhash "))

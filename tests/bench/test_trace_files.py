@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from radixkv.bench import traces
-from radixkv.bench.replay import register
+from radixkv.bench.replay_cli import register
 from radixkv.bench.tokens import TokenSource
 from radixkv.bench.trace_files import (
     NAMED_TRACES,

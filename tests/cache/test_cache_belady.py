@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from radixkv.cache import RadixCache
-from radixkv.cache.belady import NEVER, belady, next_uses, page_keys
+from radixkv.cache.policies.research.belady import NEVER, belady, next_uses, page_keys
 
 Trace = tuple[tuple[str, ...], ...]
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from radixkv.cache import RadixCache, available_policies
-from radixkv.cache.density import DensityPolicy, log4_bucket
-from radixkv.cache.lifetable import (
+from radixkv.cache.policies.research.density import DensityPolicy, log4_bucket
+from radixkv.cache.policies.research.lifetable import (
     COARSE,
     FINE,
     HORIZON,

@@ -18,7 +18,7 @@ import pytest
 from cache_reference import PageInfo, ReferenceCache
 
 from radixkv.cache import BlockHashCache, RadixCache, available_policies
-from radixkv.cache.density import DensityPolicy
+from radixkv.cache.policies.research.density import DensityPolicy
 
 NAMESPACES: list[Hashable | None] = [None, "adapter-a", ("tenant", 2)]
 

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
 import pytest
 
-from radixkv.cache import BlockHashCache, RadixCache, available_policies, make_cache
-from radixkv.cache.policy import LRUPolicy
+from radixkv.cache import (
+    BlockHashCache,
+    RadixCache,
+    available_policies,
+    make_cache,
+    make_policy,
+)
+from radixkv.cache.policies import CORE_POLICIES, RESEARCH_POLICIES
+from radixkv.cache.policies.core import LRUPolicy
 
 TRUNK = list(range(1000, 1016))  # a shared system prompt ("refund policy ...")
 
@@ -186,6 +195,55 @@ def test_factory_and_unknown_names() -> None:
         make_cache("trie", 1, "lru")
     with pytest.raises(ValueError):
         RadixCache(policy="random")
+
+
+# The names users pass (--eviction-policy, replay --policy); renaming one breaks their commands.
+PUBLIC_NAMES = [
+    "density",
+    "fifo",
+    "lfu",
+    "lru",
+    "mru",
+    "predict",
+    "priority",
+    "s3fifo",
+    "session-lru",
+]
+
+
+def test_public_names_split_into_core_and_research() -> None:
+    assert available_policies() == PUBLIC_NAMES
+    assert set(CORE_POLICIES) == {"lru", "mru", "lfu", "fifo", "priority", "session-lru"}
+    assert set(RESEARCH_POLICIES) == {"s3fifo", "predict", "density"}
+    for name in PUBLIC_NAMES:
+        assert make_policy(name).name == name
+    assert make_policy("session-lfu").name == "session-lfu"  # any classic base, on demand
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "radixkv.cache.leafqueue",
+        "radixkv.cache.policies.research.segmented",
+        "radixkv.cache.policies.research.density",
+        "radixkv.cache.policies.research.regret",
+        "radixkv.cache.policies.core",
+        "radixkv.config.sections",
+    ],
+)
+def test_registry_does_not_depend_on_import_order(first: str) -> None:
+    """Whichever module a fresh process imports first, every name resolves (the registry lives in
+    the package `__init__`, and no policy module imports it back)."""
+    code = (
+        f"import {first}\n"
+        "from radixkv.cache.policies import available_policies, make_policy\n"
+        "print(sorted(make_policy(n).name for n in available_policies()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(PUBLIC_NAMES)
 
 
 @pytest.mark.parametrize("policy", ["lru", "mru"])

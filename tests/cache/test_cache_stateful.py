@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixkv.cache import BlockHashCache, RadixCache, available_policies
-from radixkv.cache.density import DensityPolicy
+from radixkv.cache.policies.research.density import DensityPolicy
 
 NAMESPACES: list[Hashable | None] = [None, "lora-1", 7]
 

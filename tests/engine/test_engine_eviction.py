@@ -6,7 +6,7 @@ import operator
 
 from engine_helpers import GREEDY, make_engine, shared_prefix_workload
 
-from radixkv.cache.regret import RegretWindow
+from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.engine.types import RequestOptions
 
 

@@ -258,7 +258,7 @@ def add_compare_args(
         default=1,
         help="run every column N times, round r starting at column r mod K (rotated order), and "
         "aggregate each column over its rounds; use >= 2 on a machine with drifting load "
-        "(default 1 for compare, 2 for report)",
+        "(default 1 for compare, 2 for scripts/report.py)",
     )
     p.add_argument("--server-args", default="", help="extra flags for every `radixkv serve`")
     p.add_argument(

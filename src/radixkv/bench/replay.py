@@ -5,34 +5,29 @@ length), insert all its tokens (fresh slot ids; the cache keeps whole pages only
 until the cache holds at most `capacity` tokens. Nothing is locked: a replayed request has
 finished before the next one arrives. The infinite-capacity run (no eviction) is the ideal.
 
-`radixkv replay TRACE ...` prints a table per trace and capacity × policy, and writes JSON and a
-plot on request. Programmatic use: `load_trace(path)` then `replay(requests, factory, capacity)`.
+Belady's offline optimum runs over the same requests at page granularity (`replay_belady`), and
+each online policy gets the share of the lru -> belady gap it closes. Session-aware policies hold a
+session's path until its last request, as the engine does.
+
+Programmatic use: `load_trace(path)` then `replay(requests, factory, capacity)` or `replay_grid`.
+`radixkv replay TRACE ...` (replay_cli.py) prints a table per trace of capacity × policy, and
+writes JSON and a plot on request.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
-from radixkv.bench.replay_oracle import fill_gap_closed, hold_session, replay_belady, session_ends
-from radixkv.bench.trace_files import (
-    DEFAULT_REPLAY_TRACE,
-    NAMED_TRACES,
-    display_args,
-    display_path,
-    resolve_trace,
-)
-from radixkv.bench.traces import DEFAULT_SESSION_GAP_S, TraceRequest, load_trace, trace_summary
+from radixkv.bench.traces import TraceRequest, trace_summary
 from radixkv.cache import available_policies
 from radixkv.cache.base import PrefixCache
+from radixkv.cache.policies.research.belady import belady
 
 CacheFactory = Callable[[], PrefixCache]
 ORACLES = ("belady",)  # offline optima: they know the future; marked in every table
@@ -115,7 +110,7 @@ def replay(
     sessions = session_ends(requests) if policy.startswith("session-") else {}
     next_slot = 0
     start = time.perf_counter()
-    desc = f"{policy or 'ideal'} cap={_fmt_tokens(capacity)}"
+    desc = f"{policy or 'ideal'} cap={fmt_tokens(capacity)}"
     for i, req in enumerate(_progress(requests, progress, desc), 1):
         # The protocol types tokens as Sequence[int]; the caches take numpy arrays too.
         tokens = cast(Sequence[int], req.token_ids())
@@ -141,6 +136,70 @@ def replay(
     res.cache_stats = {k: int(v) for k, v in asdict(cache.stats()).items()}
     res.wall_s = time.perf_counter() - start
     return res
+
+
+# ---------------------------------------------------------------- oracle and sessions
+
+
+def session_ends(requests: Sequence[TraceRequest]) -> dict[str, int]:
+    """Session id -> 1-based index of its last request (when the replay closes it)."""
+    return {r.session: i for i, r in enumerate(requests, 1) if r.session}
+
+
+def hold_session(cache: Any, req: TraceRequest, tokens: Sequence[int], last: bool) -> int:
+    """The request's session now references the path just inserted; after the session's last
+    request the session closes (its reference drops). Returns 1 on a close."""
+    if not req.session or not hasattr(cache, "hold_session"):
+        return 0
+    if last:
+        cache.release_session(req.session)
+        return 1
+    cache.hold_session(req.session, cache.match(tokens, record=False).handle)
+    return 0
+
+
+def replay_belady(requests: Sequence[TraceRequest], capacity: int, page_size: int) -> ReplayResult:
+    """Belady's offline optimum at `capacity` tokens (whole pages), counted like `replay`.
+
+    A page's key is the id of its last token: trace token ids are `block * block_size +
+    offset` over chained block ids, so that one id already names the whole prefix (and costs
+    nothing to compute, unlike hashing every page)."""
+    start = time.perf_counter()
+    keys = [trace_page_keys(r, page_size) for r in requests]
+    opt = belady(keys, capacity // page_size)
+    res = ReplayResult(capacity, "belady", "oracle", page_size, requests=len(requests))
+    for req, pages in zip(requests, opt.hit_pages, strict=True):
+        hit = min(pages * page_size, req.input_length)
+        res.hit_tokens += hit
+        res.hit_blocks += req.num_blocks if hit >= req.hashed_length else hit // req.block_size
+        res.input_tokens += req.input_length
+        res.blocks += req.num_blocks
+    res.evicted_tokens = opt.evicted_pages * page_size
+    res.peak_size = opt.peak_pages * page_size
+    res.wall_s = time.perf_counter() - start
+    return res
+
+
+def trace_page_keys(req: TraceRequest, page_size: int) -> list[int]:
+    tokens = req.token_ids()
+    full = len(tokens) // page_size * page_size
+    keys: list[int] = tokens[page_size - 1 : full : page_size].tolist()
+    return keys
+
+
+def fill_gap_closed(results: Sequence[ReplayResult]) -> None:
+    """Where lru and belady ran at a capacity, each online policy there gets the fraction of the
+    lru -> belady gap it closes (None where the gap is empty)."""
+    by_cap: dict[int | None, dict[str, ReplayResult]] = {}
+    for r in results:
+        by_cap.setdefault(r.capacity, {})[r.policy] = r
+    for runs in by_cap.values():
+        lru, opt = runs.get("lru"), runs.get("belady")
+        if lru is None or opt is None or opt.hit_tokens <= lru.hit_tokens:
+            continue
+        for r in runs.values():
+            if not r.oracle:
+                r.gap_closed = (r.hit_tokens - lru.hit_tokens) / (opt.hit_tokens - lru.hit_tokens)
 
 
 def make_factory(kind: str, page_size: int, policy: str) -> CacheFactory:
@@ -217,174 +276,11 @@ def replay_grid(
     return report
 
 
-# ---------------------------------------------------------------- output
-
-
-def _fmt_tokens(n: int | None) -> str:
+def fmt_tokens(n: int | None) -> str:
+    """A capacity for a table or progress bar: `inf`, `64k`, `1.5M`."""
     if n is None:
         return "inf"
     for unit, div in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
         if n >= div and n % (div // 100 or 1) == 0:
             return f"{n / div:g}{unit}"
     return str(n)
-
-
-def parse_tokens(text: str) -> int:
-    """`4000`, `64k`, `1.5M`, `2G` (decimal units) → tokens."""
-    units = {"k": 10**3, "m": 10**6, "g": 10**9}
-    t = text.strip().lower()
-    mult = units.get(t[-1:], 1)
-    value = float(t[:-1] if mult > 1 else t) * mult
-    if value <= 0 or value != int(value):
-        raise argparse.ArgumentTypeError(f"not a positive token count: {text!r}")
-    return int(value)
-
-
-def format_table(report: TraceReport) -> str:
-    """A fixed-width table: the ideal row first, then capacity × policy."""
-    s = report.summary
-    head = (
-        f"{report.path}: {s['requests']} requests, {s['input_tokens']:,} input tokens, "
-        f"block {s['block_size']}, cache {report.cache} page {report.page_size}, "
-        f"ideal footprint {report.ideal.final_size:,} tokens"
-    )
-    cols = f"{'capacity':>10} {'policy':>14} {'token hit':>10} {'block hit':>10} "
-    cols += f"{'gap closed':>11} {'evicted tokens':>15} {'wall s':>8}"
-    lines = [head, cols, "-" * len(cols)]
-    for r in [report.ideal, *report.results]:
-        name = (r.policy or "ideal") + (" *" if r.oracle else "")
-        gap = f"{r.gap_closed:>10.0%}" if r.gap_closed is not None else f"{'':>10}"
-        lines.append(
-            f"{_fmt_tokens(r.capacity):>10} {name:>14} "
-            f"{r.token_hit_rate:>9.2%} {r.block_hit_rate:>10.2%} {gap:>11} "
-            f"{r.evicted_tokens:>15,} {r.wall_s:>8.1f}"
-        )
-    if any(r.oracle for r in report.results):
-        lines.append("* oracle (offline optimum: knows the future; not an online policy)")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `radixkv replay`."""
-    p = subparsers.add_parser(
-        "replay",
-        help="replay public prefix traces through the cache (hit rate vs capacity)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "traces",
-        nargs="*",
-        default=[DEFAULT_REPLAY_TRACE],
-        metavar="TRACE",
-        help="Mooncake .jsonl, Claude Code .tar.xz archive, a directory of trace_*.json, "
-        "or one trace .json (format auto-detected); or a trace shipped in data/traces/, by "
-        f"path there or by name ({', '.join(NAMED_TRACES)}); default: {DEFAULT_REPLAY_TRACE}",
-    )
-    p.add_argument(
-        "--capacity-tokens",
-        nargs="+",
-        type=parse_tokens,
-        metavar="N",
-        help="cache capacities in tokens (suffix k/M/G ok); default: "
-        + ", ".join(f"{100 * f:g}%%" for f in DEFAULT_CAPACITY_FRACTIONS)
-        + " of the ideal footprint",
-    )
-    p.add_argument(
-        "--policy",
-        nargs="+",
-        choices=(*POLICIES, "all"),
-        metavar="POLICY",
-        help=f"eviction policies, of {', '.join(POLICIES)} (belady: the offline optimum, an "
-        f"oracle), or 'all'; default: {' '.join(DEFAULT_POLICIES)} (radix), lru (blockhash "
-        "supports only lru)",
-    )
-    p.add_argument(
-        "--cache", choices=("radix", "blockhash"), default="radix", help="default: %(default)s"
-    )
-    p.add_argument(
-        "--page-size",
-        type=int,
-        metavar="P",
-        help="cache page size; default: the trace's block size (512 Mooncake, 64 Claude Code)",
-    )
-    p.add_argument(
-        "--limit", type=int, metavar="N", help="replay only the first N requests of each trace"
-    )
-    p.add_argument(
-        "--session-gap",
-        type=_session_gap,
-        default=DEFAULT_SESSION_GAP_S,
-        metavar="S|sequential",
-        help="Claude Code: session k (sessions sorted by id) starts at k*S seconds, or with "
-        "'sequential' when session k-1's last request arrives; default %(default)s",
-    )
-    p.add_argument(
-        "--max-sessions", type=int, metavar="N", help="Claude Code: keep the first N sessions"
-    )
-    p.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON here")
-    p.add_argument(
-        "--plot", type=Path, metavar="PATH.png", help="draw hit rate vs capacity per policy"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    p.set_defaults(func=run)
-
-
-def _session_gap(text: str) -> float | None:
-    if text == "sequential":
-        return None
-    gap = float(text)
-    if gap < 0:
-        raise argparse.ArgumentTypeError("session gap must be >= 0 or 'sequential'")
-    return gap
-
-
-def run(args: argparse.Namespace) -> int:
-    """`radixkv replay`: load each trace, run the grid, print tables, then JSON and plot."""
-    gap = args.session_gap
-    reports: list[TraceReport] = []
-    for name in args.traces:
-        try:
-            resolved = resolve_trace(name)
-        except FileNotFoundError as exc:
-            print(f"radixkv replay: {exc}", file=sys.stderr)
-            return 2
-        path = display_path(resolved)  # what the table, JSON and plot call it
-        t0 = time.perf_counter()
-        requests = load_trace(resolved, session_gap=gap, max_sessions=args.max_sessions)
-        if args.limit is not None:
-            requests = requests[: args.limit]
-        load_s = time.perf_counter() - t0
-        print(f"loaded {path}: {len(requests)} requests in {load_s:.1f} s", file=sys.stderr)
-        page = args.page_size or (requests[0].block_size if requests else 1)
-        policies = args.policy or (DEFAULT_POLICIES if args.cache == "radix" else ("lru",))
-        if "all" in policies:
-            policies = POLICIES if args.cache == "radix" else ("lru", *ORACLES)
-        try:
-            check_combinations(args.cache, page, policies)
-        except ValueError as exc:  # e.g. a policy the chosen cache does not support
-            print(f"radixkv replay: {exc}", file=sys.stderr)
-            return 2
-        report = replay_grid(
-            path,
-            requests,
-            cache_kind=args.cache,
-            page_size=page,
-            capacities=args.capacity_tokens,
-            policies=policies,
-            progress=not args.no_progress,
-        )
-        reports.append(report)
-        print(format_table(report), flush=True)
-        print()
-    if args.json:
-        doc = {"argv": display_args(sys.argv[1:]), "traces": [r.to_dict() for r in reports]}
-        args.json.write_text(json.dumps(doc, indent=2))
-    if args.plot:
-        from radixkv.bench.plot import plot_hit_rates
-
-        plot_hit_rates(reports, args.plot)
-    return 0

@@ -229,9 +229,9 @@ def main(args: argparse.Namespace) -> int:
 
 def plot_rounds(results: dict[str, Any], path: str) -> None:
     """Two panels: token hit rate and effective input tok/s per round, one line per mode."""
-    from radixkv.bench.plots import _pyplot
+    from radixkv.bench.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_hit, ax_tput) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, res in results["modes"].items():
         rounds = [r["round"] for r in res["rounds"]]

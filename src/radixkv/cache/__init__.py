@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from radixkv.cache.base import CacheStats, MatchResult, PrefixCache
 from radixkv.cache.blockhash import BlockHashCache
-from radixkv.cache.policy import EvictionPolicy, available_policies, make_policy, register_policy
+from radixkv.cache.policies import EvictionPolicy, available_policies, make_policy, register_policy
 from radixkv.cache.radix import RadixCache
 
 CACHE_KINDS = ("radix", "blockhash")

@@ -20,17 +20,26 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from radixkv.cache.policy import EvictionPolicy, PolicyNode
+if TYPE_CHECKING:
+    from radixkv.cache.policies import EvictionPolicy
 
 # (policy key, insertion sequence number, node); the unique sequence number keeps tuple
 # comparison from ever reaching the node.
 Entry = tuple[tuple[int, ...], int, Any]
 
 
-class TrackedNode(PolicyNode, Protocol):
+class TrackedNode(Protocol):
+    """A node the queue can track: it holds its live entry and the fields policies read
+    (`radixkv.cache.policies.PolicyNode`, restated here so that this module imports no policy
+    at run time)."""
+
     entry: Entry | None
+    last_access: int
+    hits: int
+    created: int
+    priority: int
 
 
 class LeafQueue:

@@ -31,7 +31,7 @@ from radixkv.cache.keys import (
     token_key,
 )
 from radixkv.cache.leafqueue import LeafQueue
-from radixkv.cache.policy import EvictionPolicy, make_policy
+from radixkv.cache.policies import EvictionPolicy, make_policy
 from radixkv.cache.radix_node import Node, Root, common_pages
 from radixkv.cache.sessions import SessionTable, move_anchors
 

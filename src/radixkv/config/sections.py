@@ -29,7 +29,7 @@ _TIERS = "hierarchical cache (host L2, storage L3)"
 def eviction_policy_names() -> list[str]:
     """Registered policies, plus session-aware forms of the base ones (`session-<base>`) that
     exist: a base that owns its queue of leaves (s3fifo, predict, density) has none."""
-    from radixkv.cache.policy import EvictionPolicy, available_policies, make_policy
+    from radixkv.cache.policies import EvictionPolicy, available_policies, make_policy
 
     names = available_policies()
     bases = [

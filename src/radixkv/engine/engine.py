@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.cache.regret import RegretWindow
+from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.engine import choices, introspect, setup, tier_setup
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_manager import KVManager

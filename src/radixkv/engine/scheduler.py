@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixkv.cache.regret import RegretWindow
+from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.config import SchedulerConfig
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.request import Request, Status

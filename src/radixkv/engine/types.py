@@ -183,8 +183,8 @@ class EngineMetrics:
     # Per component pool ("full", "swa", "state"): size, free, cached (in the tree), held (by
     # running requests), all in slots; only the components the model has.
     component_pools: dict[str, dict[str, int]] = field(default_factory=dict)
-    # Live regret over the recent window (see radixkv.cache.regret): the cache's token hit rate
-    # and Belady's at the same capacity, from the last periodic computation.
+    # Live regret over the recent window (see radixkv.cache.policies.research.regret): the
+    # cache's token hit rate and Belady's at the same capacity, from the last periodic computation.
     window_requests: int = 0
     window_hit_rate: float = 0.0
     window_belady_hit_rate: float = 0.0

@@ -1,4 +1,4 @@
-"""`radixkv serve | generate | chat`.
+"""`radixkv serve | generate | chat` (`radixkv demo`, built on them, is demo.py).
 
     radixkv serve                       # default model on http://127.0.0.1:8000 (engine process)
     radixkv serve --model DIR --port 9000 --api-key KEY --page-size 16
@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     from radixkv.config import ServerConfig
 
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _add_model_args(serve)
+    add_model_args(serve)
     # No torch.compile by default: every numeric step of the Llama path is a C++ op, so the
     # compiled and eager models run equally fast (docs/determinism.md) and eager starts ~6 s sooner.
     # --host, --port, --api-key, --served-model-name, --log-level, --threads, --in-process
@@ -43,22 +43,19 @@ def register(subparsers: Any) -> None:
     gen.add_argument("prompt", help="prompt text (raw, or a user message with --chat)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.add_argument("--system", default=None, help="system message (with --chat)")
-    _add_model_args(gen)
+    add_model_args(gen)
     _add_sampling_args(gen, default_max_tokens=128)
     gen.set_defaults(func=cmd_generate)
 
     chat = subparsers.add_parser("chat", help="interactive multi-turn chat (reads stdin)")
     chat.add_argument("--system", default=None, help="system message")
-    _add_model_args(chat)
+    add_model_args(chat)
     _add_sampling_args(chat, default_max_tokens=256)
     chat.set_defaults(func=cmd_chat)
 
-    from radixkv.server.demo import register_demo
 
-    register_demo(subparsers, _add_model_args)
-
-
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The engine flags (`--model`, the cache, scheduler and device) every model command takes."""
     from radixkv.engine.args import add_engine_args
 
     add_engine_args(parser)  # includes --model (default: the embedded SmolLM2-135M-Instruct)

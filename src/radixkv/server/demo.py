@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from radixkv.server.cli import add_model_args
 from radixkv.server.launch import add_engine_mode_args
 
 SYSTEM_PROMPT = (
@@ -32,7 +33,8 @@ QUESTIONS = (
 )
 
 
-def register_demo(subparsers: Any, add_model_args: Any) -> None:
+def register(subparsers: Any) -> None:
+    """Add `radixkv demo`."""
     demo = subparsers.add_parser(
         "demo", help="serve the default model and show the radix cache effect over HTTP"
     )

@@ -1,4 +1,4 @@
-"""`python -m radixkv.bench.hybrid --model DIR`: a hybrid model (SWA and/or STATE layers) on a
+"""`python scripts/hybrid.py --model DIR`: a hybrid model (SWA and/or STATE layers) on a
 multi-turn workload through the in-process Engine, unified component tree vs cache off.
 
 Reports, per mode: token hit rate against the ideal (every token shared with an earlier prompt),
@@ -7,7 +7,7 @@ mean / p50 TTFT, and the KV bytes a running request holds, sampled after every s
   swa   = live SWA entries of its row x SWA bytes per token (about W once past the window)
   state = its working state (+ snapshot) x state bytes per slot
 next to what keeping full KV in the SWA layers would take (kv_len x SWA bytes per token).
-Checkpoints for the benchmark: `python -m radixkv.bench.hybrid_ckpt --family gemma3|qwen3_5`.
+Checkpoints for the benchmark: `python scripts/hybrid_ckpt.py --family gemma3|qwen3_5`.
 Numbers depend on the machine and its load; compare modes within one run.
 """
 
@@ -165,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.model is None:
-        raise SystemExit("--model DIR is required (see radixkv.bench.hybrid_ckpt)")
+        raise SystemExit("--model DIR is required (see scripts/hybrid_ckpt.py)")
     result = run(args)
     print(table(result))
     if args.json:

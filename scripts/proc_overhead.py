@@ -2,7 +2,7 @@
 per-token interval an HTTP client sees, with the engine in its own process (the default) and on
 a thread of the server process (`--in-process`).
 
-    python -m radixkv.bench.proc_overhead [--model DIR] [--threads 2] [--streams 8]
+    python scripts/proc_overhead.py [--model DIR] [--threads 2] [--streams 8]
         [--prompt-len 256] [--max-tokens 64] [--modes inproc,process,thread]
 
 Workload: `--streams` concurrent requests, each a distinct random `--prompt-len`-token prompt

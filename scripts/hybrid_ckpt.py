@@ -1,7 +1,7 @@
 """Random-weight hybrid checkpoints for benchmarks: Gemma 3- and Qwen3.5-shaped, ~100M parameters.
 
-    python -m radixkv.bench.hybrid_ckpt --family gemma3 --out ckpt/gemma3-100m
-    python -m radixkv.bench.hybrid_ckpt --family qwen3_5 --out ckpt/qwen35-100m [--layers 12]
+    python scripts/hybrid_ckpt.py --family gemma3 --out ckpt/gemma3-100m
+    python scripts/hybrid_ckpt.py --family qwen3_5 --out ckpt/qwen35-100m [--layers 12]
 
 The shapes follow the small members of each family scaled to ~100M parameters with the default
 model's vocabulary (49152 tokens; its tokenizer files are copied in, so the server can serve the

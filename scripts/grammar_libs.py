@@ -1,4 +1,4 @@
-"""`python -m radixkv.bench.grammar_libs`: compare JSON-Schema grammar libraries on this CPU with
+"""`python scripts/grammar_libs.py`: compare JSON-Schema grammar libraries on this CPU with
 the default model's tokenizer — llguidance (our dependency), xgrammar and outlines-core (only if
 installed; xgrammar depends on torch, so install it with `pip install --no-deps xgrammar
 apache-tvm-ffi`). Per library: tokenizer set-up time, schema compile time, mask time per step

@@ -1,4 +1,4 @@
-"""Accelerator check: `python -m radixkv.bench.gpu_check --device cuda` (scripts/gpu_check.sh).
+"""Accelerator check: `python scripts/gpu_check.py --device cuda` (scripts/gpu_check.sh).
 
 Meant for a machine with a GPU (a few minutes in all); `--device cpu` runs the same path on CPU as
 a dry run. Three parts, each printed as it finishes, all results in one JSON (--json):

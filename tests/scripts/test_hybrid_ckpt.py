@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from radixkv.bench.hybrid_ckpt import build, count_parameters, main
 from radixkv.model import load_model
 from radixkv.model.hybrid_simple import greedy_generate_hybrid
+from scripts.hybrid_ckpt import build, count_parameters, main
 
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen3_5"])

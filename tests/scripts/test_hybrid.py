@@ -1,4 +1,4 @@
-"""`radixkv.bench.hybrid` on the toy hybrid model: both modes run, the tree hits, and a running
+"""`scripts/hybrid.py` on the toy hybrid model: both modes run, the tree hits, and a running
 request's SWA bytes stay below what full KV in the SWA layers would take."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from engine_toy_hybrid import ToyHybridConfig, ToyHybridLM
 
-from radixkv.bench.hybrid import parser, run_lm, table
+from scripts.hybrid import parser, run_lm, table
 
 
 def test_bench_hybrid_runs_both_modes_on_a_toy() -> None:

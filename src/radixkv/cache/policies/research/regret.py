@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from radixkv.cache.belady import belady, page_keys
+from radixkv.cache.policies.research.belady import belady, page_keys
 
 
 @dataclass(frozen=True)

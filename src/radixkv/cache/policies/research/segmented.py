@@ -22,7 +22,7 @@ from typing import Any
 
 from radixkv.cache.keys import TOKEN_BYTES
 from radixkv.cache.leafqueue import LeafQueue
-from radixkv.cache.policy import EvictionPolicy, PolicyKey, PolicyNode
+from radixkv.cache.policies.base import EvictionPolicy, PolicyKey, PolicyNode
 
 
 class _SegmentKey(EvictionPolicy):

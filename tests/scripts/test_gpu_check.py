@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from radixkv.bench.gpu_check import exactness, main
+from scripts.gpu_check import exactness, main
 
 
 def test_exactness_stage_on_cpu(tiny_model_dir: Callable[..., Path]) -> None:

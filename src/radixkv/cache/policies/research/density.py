@@ -37,8 +37,8 @@ from collections import OrderedDict
 from typing import Any
 
 from radixkv.cache.keys import TOKEN_BYTES
-from radixkv.cache.lifetable import LifeTable, age_bucket
-from radixkv.cache.policy import EvictionPolicy, PolicyKey, PolicyNode
+from radixkv.cache.policies.base import EvictionPolicy, PolicyKey, PolicyNode
+from radixkv.cache.policies.research.lifetable import LifeTable, age_bucket
 
 GRANULE = 256  # ghost granularity in tokens (rounded up to whole pages)
 GhostKey = tuple[int, int]  # (depth in tokens, hash of the granule's tokens)

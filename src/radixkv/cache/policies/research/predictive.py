@@ -22,7 +22,7 @@ import heapq
 import itertools
 from typing import Any
 
-from radixkv.cache.policy import EvictionPolicy, PolicyKey, PolicyNode
+from radixkv.cache.policies.base import EvictionPolicy, PolicyKey, PolicyNode
 
 # Heap entries: (sort key, sequence number, node); a node's `entry` is the pair of its live
 # entries (far, due), so an entry is live iff its node points back at it.

@@ -1,0 +1,80 @@
+"""radixkv.cache.policies: eviction policies and the registry that names them.
+
+`base` is the contract (`EvictionPolicy`, the node fields a policy reads); `core` holds the
+classic policies (lru, the default, mru, lfu, fifo, priority, and `session-<base>` over any of
+them); `research/` holds what our eviction studies added (docs/eviction.md): the s3fifo,
+predict and density policies, and the offline optimum (`belady`) with the live regret window
+that compares a running cache with it. Every name a user passes (`--eviction-policy`,
+`radixkv replay --policy`) is registered here, by this module, whatever was imported before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from radixkv.cache.policies.base import EvictionPolicy, PolicyKey, PolicyNode
+from radixkv.cache.policies.core import (
+    FIFOPolicy,
+    LFUPolicy,
+    LRUPolicy,
+    MRUPolicy,
+    PriorityPolicy,
+    SessionAwarePolicy,
+)
+from radixkv.cache.policies.research.density import DensityPolicy
+from radixkv.cache.policies.research.predictive import PredictivePolicy
+from radixkv.cache.policies.research.segmented import S3FIFOPolicy
+
+CORE_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
+    "lru": LRUPolicy,
+    "mru": MRUPolicy,
+    "lfu": LFUPolicy,
+    "fifo": FIFOPolicy,
+    "priority": PriorityPolicy,
+    "session-lru": lambda: SessionAwarePolicy(LRUPolicy()),
+}
+RESEARCH_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
+    "s3fifo": S3FIFOPolicy,
+    "predict": PredictivePolicy,
+    "density": DensityPolicy,
+}
+_REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {**CORE_POLICIES, **RESEARCH_POLICIES}
+
+
+def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
+    """Make a custom policy available by name to every cache constructor."""
+    _REGISTRY[name] = factory
+
+
+def available_policies() -> list[str]:
+    """Every registered name, sorted (the `session-<base>` forms are resolved on demand)."""
+    return sorted(_REGISTRY)
+
+
+def make_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
+    """Resolve a policy name (or pass an instance through); unknown names are a ValueError.
+    `session-<base>` wraps any registered base policy that does not own its queue."""
+    if isinstance(policy, EvictionPolicy):
+        return policy
+    if policy.startswith("session-") and policy not in _REGISTRY:
+        base = policy.removeprefix("session-")
+        if base in _REGISTRY and not base.startswith("session-"):
+            return SessionAwarePolicy(_REGISTRY[base]())
+    try:
+        return _REGISTRY[policy]()
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {policy!r}; choose one of {available_policies()}"
+        ) from None
+
+
+__all__ = [
+    "CORE_POLICIES",
+    "RESEARCH_POLICIES",
+    "EvictionPolicy",
+    "PolicyKey",
+    "PolicyNode",
+    "available_policies",
+    "make_policy",
+    "register_policy",
+]
