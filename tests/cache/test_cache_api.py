@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from radixkv.cache import BlockHashCache, RadixCache
 from radixkv.cache.keys import TOKEN_BYTES, token_key
-from radixkv.cache.radix_node import common_pages
+from radixkv.cache.node import common_pages
 
 BOTH = [RadixCache, BlockHashCache]
 
@@ -22,13 +22,13 @@ BOTH = [RadixCache, BlockHashCache]
 def test_page_floor_on_insert_and_match(cls: Any) -> None:
     cache = cls(page_size=4)
     toks = list(range(10))
-    assert cache.insert(toks, np.arange(100, 110)) == 0
+    assert cache.insert(toks, np.arange(100, 110)).cached == 0
     assert cache.total_size == 8  # the partial page stays the caller's
     res = cache.match(toks)
     assert res.length == 8 and res.slots.tolist() == list(range(100, 108))
     assert cache.match(toks[:7]).length == 4
     assert cache.match(toks[:3]).length == 0
-    assert cache.insert(toks[:9], np.arange(200, 209)) == 8
+    assert cache.insert(toks[:9], np.arange(200, 209)).cached == 8
     assert cache.total_size == 8
     cache.check_integrity()
 
@@ -67,7 +67,7 @@ def test_namespaces_never_share(cls: Any) -> None:
     cache.insert(toks, [0, 1, 2, 3], namespace="adapter-a")
     assert cache.match(toks).length == 0
     assert cache.match(toks, namespace="adapter-b").length == 0
-    assert cache.insert(toks, [10, 11, 12, 13]) == 0  # None is a namespace too
+    assert cache.insert(toks, [10, 11, 12, 13]).cached == 0  # None is a namespace too
     assert cache.match(toks).slots.tolist() == [10, 11, 12, 13]
     assert cache.match(toks, namespace="adapter-a").slots.tolist() == [0, 1, 2, 3]
     cache.check_integrity()
@@ -230,7 +230,8 @@ def test_returned_arrays_are_owned_and_writable(cls: Any) -> None:
 @pytest.mark.parametrize("cls", BOTH)
 def test_emptied_namespaces_are_forgotten(cls: Any) -> None:
     cache = cls(page_size=2)
-    assert cache.insert([1], [0], namespace="short") == 0  # less than a page: nothing stored
+    # less than a page: nothing stored
+    assert cache.insert([1], [0], namespace="short") == (0, None)
     for i in range(50):
         cache.insert([i, i], [2 * i, 2 * i + 1], namespace=("session", i))
     assert len(cache._roots) == 50

@@ -20,7 +20,7 @@ from component_reference import ComponentReference, Page
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixkv.cache import RadixCache
+from radixkv.cache import HybridCache, RadixCache
 from radixkv.cache.components import Components
 from radixkv.cache.keys import TOKEN_BYTES
 
@@ -33,7 +33,7 @@ COMBOS = [
 ]
 
 
-def actual_pages(cache: RadixCache) -> dict[tuple[Hashable | None, tuple[int, ...]], Page]:
+def actual_pages(cache: HybridCache) -> dict[tuple[Hashable | None, tuple[int, ...]], Page]:
     """The tree's content as the reference stores it (one entry per page)."""
     out = {}
     p = cache.page_size
@@ -64,7 +64,7 @@ class Driver:
         policy = random.Random(seed).choice(
             ["lru", "lfu", "fifo", "priority", "s3fifo", "predict", "density"]
         )
-        self.cache = RadixCache(page_size=page, policy=policy, components=comp)
+        self.cache = HybridCache(page_size=page, policy=policy, components=comp)
         self.ref = ComponentReference(page, comp.swa_window, comp.full, comp.state)
         self.next_slot = 0
         self.next_swa = 1_000_000
@@ -128,7 +128,7 @@ class Driver:
             b = b - b % p if rng.random() < 0.8 else b
             ckpts.append((b, self.next_ckpt))
             self.next_ckpt += 1
-        out = self.cache.insert_components(
+        out = self.cache.insert(
             list(toks),
             full if self.comp.full else None,
             swa if self.comp.swa_window is not None else None,
@@ -149,18 +149,16 @@ class Driver:
         want_swa = rng.choice([0, 1, 6, 40]) if self.comp.swa_window else 0
         want_ck = rng.choice([0, 1, 3]) if self.comp.state else 0
         before = dict(self.ref.pages)
-        freed = self.cache.evict_components(want_full, want_swa, want_ck)
+        freed = self.cache.evict(want_full, want_swa, want_ck)
         after = actual_pages(self.cache)
         self.check_eviction(before, after, freed)
         got_full, got_swa, got_ck = len(freed.full), len(freed.swa), len(freed.checkpoints)
-        hy = self.cache._hy
-        assert hy is not None
         if got_full < want_full:
             assert self.cache.evictable_size == 0
         if got_swa < want_swa:
-            assert self.cache.evictable_size == 0 and hy.evictable_swa() == 0
+            assert self.cache.evictable_size == 0 and self.cache.evictable_swa() == 0
         if got_ck < want_ck:
-            assert all(hy._is_handle(n) for n in hy.ckpts.values())
+            assert self.cache.state is not None and self.cache.state.droppable_all_locked()
         self.ref.pages = {k: Page(list(v.full), list(v.swa), v.ckpt) for k, v in after.items()}
 
     def check_eviction(self, before: dict, after: dict, freed: Any) -> None:
@@ -219,16 +217,16 @@ def test_component_tree_matches_reference(seed: int, page: int, combo: int) -> N
         d.step()
     while d.handles:
         d.do_unlock()
-    freed = d.cache.reset_components()
+    freed = d.cache.reset()
     assert d.cache.swa_size == 0 and d.cache.checkpoint_count == 0
     assert len(freed.full) == sum(len(p.full) for p in d.ref.pages.values())
 
 
 def test_swa_vote_rejects_tombstoned_window() -> None:
-    c = RadixCache(page_size=2, components=["full", "swa:4"])
+    c = HybridCache(page_size=2, components=["full", "swa:4"])
     toks = list(range(12))
     swa = [-1, -1, -1, -1, 10, 11, 12, 13, 14, 15, 16, 17]  # first 4 positions freed
-    c.insert_components(toks, list(range(12)), swa)
+    c.insert(toks, list(range(12)), swa)
     assert c.match(toks).length == 12
     assert c.match([*toks[:7], 99]).length == 0  # windows before 6 all hit tombstones
     m = c.match([*toks[:9], 99])
@@ -238,27 +236,27 @@ def test_swa_vote_rejects_tombstoned_window() -> None:
 
 
 def test_state_resumes_at_deepest_checkpoint_and_divergence_reports_shared() -> None:
-    c = RadixCache(page_size=4, components=["full", "state"])
+    c = HybridCache(page_size=4, components=["full", "state"])
     toks = list(range(40))
-    c.insert_components(toks, list(range(40)), None, [(16, 7), (32, 8), (40, 9)])
+    c.insert(toks, list(range(40)), None, [(16, 7), (32, 8), (40, 9)])
     m = c.match([*toks[:30], 99])
     assert (m.length, m.checkpoint, m.shared_length) == (16, 7, 28)
     m = c.match(toks)
     assert (m.length, m.checkpoint) == (40, 9)
     # A checkpoint left at the divergence point splits the edge there; siblings hit it.
-    out = c.insert_components(toks[:28], list(range(28)), None, [(28, 11)], owned_from=16)
+    out = c.insert(toks[:28], list(range(28)), None, [(28, 11)], owned_from=16)
     assert out.checkpoints_rejected == () and out.cached == 28
     assert c.match([*toks[:30], 5]).checkpoint == 11
     c.check_integrity()
 
 
 def test_trim_keeps_windows_and_locked_resume_point() -> None:
-    c = RadixCache(page_size=1, components=["full", "swa:3"])
+    c = HybridCache(page_size=1, components=["full", "swa:3"])
     toks = list(range(10))
-    c.insert_components(toks, list(range(10)), list(range(100, 110)))
+    c.insert(toks, list(range(10)), list(range(100, 110)))
     m = c.match([*toks[:6], 99])
     c.lock(m.handle)
-    freed = c.evict_components(swa_slots=100)  # trims, then evicts the unlocked leaf
+    freed = c.evict(swa_slots=100)  # trims, then evicts the unlocked leaf
     c.check_integrity()
     again = c.match([*toks[:6], 99])
     assert again.length == 6 and again.swa_slots is not None
@@ -267,15 +265,41 @@ def test_trim_keeps_windows_and_locked_resume_point() -> None:
     c.unlock(m.handle)
 
 
-def test_full_only_api_refuses_hybrid_calls_and_back() -> None:
-    plain = RadixCache()
-    with pytest.raises(RuntimeError):
-        plain.evict_components(1)
-    hy = RadixCache(components=["full", "state"])
-    with pytest.raises(RuntimeError):
-        hy.insert([1, 2], [3, 4])
-    with pytest.raises(RuntimeError):
-        hy.evict(1)
+def test_hybrid_cache_needs_every_component_and_is_not_the_plain_one() -> None:
+    with pytest.raises(ValueError):
+        HybridCache(components=["full"])  # FULL only: that is a RadixCache
+    hy = HybridCache(components=["full", "swa:2"])
+    with pytest.raises(ValueError):
+        hy.insert([1, 2], [3, 4])  # the SWA slots are missing
     with pytest.raises(ValueError):
         Components(full=False)
+    assert not hasattr(RadixCache(), "components")
     assert TOKEN_BYTES == 8
+
+
+def test_insert_handle_covers_the_inserted_prefix_and_locks() -> None:
+    c = HybridCache(page_size=2, components=["full", "swa:2", "state"])
+    toks = list(range(9))
+    out = c.insert(toks, list(range(9)), list(range(100, 109)), [(8, 5)])
+    assert (out.cached, out.checkpoints_rejected) == (0, ())
+    assert c.slots_of(out.handle).tolist() == list(range(8))
+    swa = c.swa_slots_of(out.handle)
+    assert swa is not None and swa.tolist() == [-1] * 6 + [106, 107]
+    c.lock(out.handle)
+    assert c.protected_size == 8 and c.evict(full_tokens=8).full.size == 0
+    again = c.insert(toks[:6], list(range(50, 56)), list(range(200, 206)), owned_from=0)
+    assert again.cached == 6 and c.slots_of(again.handle).tolist() == list(range(6))
+    c.unlock(out.handle)
+    c.check_integrity()
+
+
+def test_full_eviction_is_page_granular_like_the_plain_tree() -> None:
+    c = HybridCache(page_size=2, components=["full", "swa:4", "state"])
+    c.insert(list(range(12)), list(range(12)), list(range(100, 112)), [(12, 9)])
+    freed = c.evict(full_tokens=3)  # two pages from the tail; the head stays cached
+    assert sorted(freed.full.tolist()) == [8, 9, 10, 11]
+    assert sorted(freed.swa.tolist()) == [108, 109, 110, 111] and freed.checkpoints == (9,)
+    m = c.match(list(range(12)))
+    assert m.length == 0 and m.shared_length == 8  # no checkpoint left to resume from
+    c.check_integrity()
+    assert c.evictable_size == 8 and c.swa_size == 8

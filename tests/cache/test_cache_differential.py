@@ -77,7 +77,10 @@ class Driver:
         self.next_slot += len(toks)
         prio = self.rng.randrange(3)
         got = self.cache.insert(self.as_input(toks), np.array(slots), ns, priority=prio)
-        assert got == self.ref.insert(toks, slots, ns, prio)
+        assert got.cached == self.ref.insert(toks, slots, ns, prio)
+        floor = len(toks) - len(toks) % self.page
+        held = self.cache.slots_of(got.handle).tolist()  # the handle covers the floored prefix
+        assert (got.handle is None) == (floor == 0) and len(held) == floor
         self.corpus.append((toks, ns))
 
     def do_match(self) -> None:

@@ -72,6 +72,20 @@ class CacheMachine(RuleBasedStateMachine):
         self.returned.extend(slots[own:got])
         self.returned.extend(slots[floor:])
 
+    def check_handle(self, handle: Any, toks: list[int], ns: Hashable | None) -> None:
+        """An insert's handle covers exactly the page-floored prefix: its slots are the ones
+        a match of that prefix returns, and it can be locked (and unlocked) at once."""
+        floor = len(toks) - len(toks) % self.page
+        if floor == 0:
+            assert handle is None
+            return
+        want = self.cache.match(toks[:floor], ns, record=False)
+        assert want.length == floor
+        assert self.cache.slots_of(handle).tolist() == want.slots.tolist()
+        self.cache.lock(handle)
+        assert self.cache.protected_size >= floor
+        self.cache.unlock(handle)
+
     @rule(data=st.data(), priority=st.integers(0, 2))
     def insert(self, data: st.DataObject, priority: int) -> None:
         self.do_insert(data, priority)
@@ -84,8 +98,9 @@ class CacheMachine(RuleBasedStateMachine):
     def do_insert(self, data: st.DataObject, priority: int) -> None:
         toks, ns = self.query(data)
         slots = self.fresh(len(toks))
-        got = self.cache.insert(np.array(toks, dtype=np.int64), slots, ns, priority=priority)
-        self.account_insert(toks, ns, slots, got, 0)
+        res = self.cache.insert(np.array(toks, dtype=np.int64), slots, ns, priority=priority)
+        self.account_insert(toks, ns, slots, res.cached, 0)
+        self.check_handle(res.handle, toks, ns)
         self.seqs.append((toks, ns))
 
     @rule(data=st.data(), record=st.booleans(), lock=st.sampled_from([True, True, False]))
@@ -109,8 +124,10 @@ class CacheMachine(RuleBasedStateMachine):
         handle, toks, ns, own = self.locked.pop(data.draw(st.integers(0, len(self.locked) - 1)))
         full = toks + self.extension(data)
         slots = own + self.fresh(len(full) - len(own))
-        got = self.cache.insert(full, slots, ns)
+        res = self.cache.insert(full, slots, ns)
+        got = res.cached
         assert got >= len(own)
+        self.check_handle(res.handle, full, ns)
         assert list(self.cache.match(full, ns, record=False).slots[: len(own)]) == own
         self.account_insert(full, ns, slots, got, len(own))
         self.cache.unlock(handle)

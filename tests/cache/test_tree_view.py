@@ -30,11 +30,10 @@ def _build(seed: int, page: int = 1) -> tuple[RadixCache, list[tuple[str | None,
         else:
             base = []
         toks = base + [rng.randint(10_000, 10_999) for _ in range(rng.randint(1, 12) * page)]
-        n = cache.insert(toks, list(range(slot, slot + len(toks))), ns)
+        cache.insert(toks, list(range(slot, slot + len(toks))), ns)
         cache.evict(0)
         slot += len(toks)
         seqs.append((ns, toks))
-        del n
     for ns, toks in rng.sample(seqs, k=min(3, len(seqs))):
         m = cache.match(toks, ns)
         cache.lock(m.handle)

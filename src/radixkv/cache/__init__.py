@@ -2,12 +2,16 @@
 
 Never imports torch. `RadixCache` is the radix tree, `BlockHashCache` the vLLM-style peer;
 `make_cache(kind, page_size, policy)` builds either design by name ("radix" or "blockhash").
+`HybridCache` is the radix tree of a hybrid model (FULL / SWA / STATE components), on the same
+tree core (`tree.RadixTree`) as `RadixCache`.
 """
 
 from __future__ import annotations
 
-from radixkv.cache.base import CacheStats, MatchResult, PrefixCache
+from radixkv.cache.base import CacheStats, InsertResult, MatchResult, PrefixCache, PrefixIndex
 from radixkv.cache.blockhash import BlockHashCache
+from radixkv.cache.components import Components, HybridMatch, HybridPrefixCache
+from radixkv.cache.hybrid import HybridCache
 from radixkv.cache.policies import EvictionPolicy, available_policies, make_policy, register_policy
 from radixkv.cache.radix import RadixCache
 
@@ -27,9 +31,15 @@ __all__ = [
     "CACHE_KINDS",
     "BlockHashCache",
     "CacheStats",
+    "Components",
     "EvictionPolicy",
+    "HybridCache",
+    "HybridMatch",
+    "HybridPrefixCache",
+    "InsertResult",
     "MatchResult",
     "PrefixCache",
+    "PrefixIndex",
     "RadixCache",
     "available_policies",
     "make_cache",

@@ -1,4 +1,6 @@
-"""The prefix-cache contract shared by every cache design (radix tree, block hash).
+"""The prefix-cache contracts: `PrefixIndex` (lookup, locks, sizes, checks: every design, the
+hybrid tree included) and `PrefixCache` (plus the FULL-only insert / evict / reset that the radix
+tree and the block-hash peer share). The hybrid tree's own contract is in `components`.
 
 Metadata only: keys are token ids, values are KV slot indices (numpy int arrays). Nothing under
 `radixkv.cache` imports torch or frees memory; the caller owns freeing the slots a call returns.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,15 +30,15 @@ class MatchResult:
     length: int
     slots: SlotArray
     handle: Any
-    # Hybrid caches only (see radixkv.cache.components); defaults for the FULL-only cache.
-    # `swa_slots[i]` is the SWA slot of token i for i in [length - W, length), -1 before that.
-    swa_slots: SlotArray | None = None
-    # The STATE checkpoint id valid exactly at `length` (-1: none; resume from zeros at 0).
-    checkpoint: int = -1
-    # Longest page-aligned prefix whose tokens are on a cached path, before the SWA and STATE
-    # votes; `shared_length > length` means the request diverges at `shared_length` inside
-    # a span it cannot resume in (a good place for a new checkpoint). -1 when not computed.
-    shared_length: int = -1
+
+
+class InsertResult(NamedTuple):
+    """What `insert` did: `cached` leading tokens were already in the tree (a whole number of
+    pages), and `handle` covers exactly the page-floored inserted prefix (None when that is
+    empty), ready to `lock`: no match needed after an insert."""
+
+    cached: int
+    handle: Any
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,10 @@ class CacheStats:
         return self.matched_tokens / self.requested_tokens if self.requested_tokens else 0.0
 
 
-class PrefixCache(Protocol):
-    """What the scheduler needs from a prefix cache. See DESIGN.md, "The cache contract"."""
+class PrefixIndex(Protocol):
+    """What every prefix cache offers, whatever the components it holds: lookup, locks, sizes
+    (FULL tokens), statistics and checks. The scheduler and the engine's accounting need no
+    more; what goes in and comes out of the cache is each design's own contract."""
 
     page_size: int
 
@@ -67,19 +71,13 @@ class PrefixCache(Protocol):
         it touches neither the hit statistics nor the eviction recency."""
         ...
 
-    def insert(
-        self,
-        tokens: Sequence[int],
-        slots: Sequence[int] | SlotArray,
-        namespace: Namespace = None,
-        priority: int = 0,
-    ) -> int: ...
-
     def lock(self, handle: Any) -> None: ...
 
     def unlock(self, handle: Any) -> None: ...
 
-    def evict(self, num_tokens: int) -> SlotArray: ...
+    def slots_of(self, handle: Any) -> SlotArray:
+        """The FULL slots of the prefix `handle` covers, in token order (a fresh array)."""
+        ...
 
     @property
     def evictable_size(self) -> int: ...
@@ -92,13 +90,27 @@ class PrefixCache(Protocol):
 
     def stats(self) -> CacheStats: ...
 
+    def cached_slots(self) -> SlotArray:
+        """Every FULL slot the cache currently holds (census: free + cached + held == pool)."""
+        ...
+
+    def check_integrity(self) -> None: ...
+
+
+class PrefixCache(PrefixIndex, Protocol):
+    """A FULL-only prefix cache (radix tree, block hash). See DESIGN.md, "The cache contract"."""
+
+    def insert(
+        self,
+        tokens: Sequence[int],
+        slots: Sequence[int] | SlotArray,
+        namespace: Namespace = None,
+        priority: int = 0,
+    ) -> InsertResult: ...
+
+    def evict(self, num_tokens: int) -> SlotArray: ...
+
     def reset(self) -> SlotArray:
         """Drop every node (locks included) and return all slots the cache held, for the caller
         to free."""
         ...
-
-    def cached_slots(self) -> SlotArray:
-        """Every slot the cache currently holds (census: free + cached + held == pool)."""
-        ...
-
-    def check_integrity(self) -> None: ...

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from radixkv.cache.base import CacheStats, MatchResult, SlotArray
+from radixkv.cache.base import CacheStats, InsertResult, MatchResult, SlotArray
 from radixkv.cache.keys import (
     TOKEN_BYTES,
     StatsLedger,
@@ -155,10 +155,11 @@ class BlockHashCache:
         slots: Sequence[int] | SlotArray,
         namespace: Hashable | None = None,
         priority: int = 0,
-    ) -> int:
+    ) -> InsertResult:
         """Cache every full block of `tokens`; return how many leading tokens were cached
-        already. Same slot ownership as `RadixCache.insert`: the cache adopts the caller's slots
-        only for the new blocks; the partial last block stays the caller's."""
+        already and a handle to the whole chain of full blocks. Same slot ownership as
+        `RadixCache.insert`: the cache adopts the caller's slots only for the new blocks; the
+        partial last block stays the caller's."""
         q = token_key(tokens)
         n = len(q) // TOKEN_BYTES
         s = slot_array(slots, n)
@@ -168,7 +169,7 @@ class BlockHashCache:
         root_id = self._roots.get(namespace)
         if root_id is None:
             if not end:
-                return 0
+                return InsertResult(0, None)
             root_id = self._roots[namespace] = next(self._ids)
             self._first_blocks[root_id] = 0
         chain, pos = self._chain(q, root_id)
@@ -194,7 +195,13 @@ class BlockHashCache:
             parent, parent_id = block, block.block_id
         self._touch(chain, priority)
         self._stats.inserted_tokens += (len(chain) - first_new) * page
-        return cached
+        return InsertResult(cached, tuple(chain) if chain else None)
+
+    def slots_of(self, handle: Any) -> SlotArray:
+        """The slots of the chain `handle` covers, in token order (a fresh array)."""
+        if handle is None:
+            return concat_slots([])
+        return concat_slots([b.slots for b in self._live(handle)])
 
     def lock(self, handle: Any) -> None:
         """Reference every block of the handle's chain."""

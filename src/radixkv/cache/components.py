@@ -1,4 +1,5 @@
-"""Memory components of a hybrid model, as the radix tree sees them (metadata only, no torch).
+"""Memory components of a hybrid model, as the radix tree sees them, and the hybrid cache's
+contract (`HybridPrefixCache`, its match and insert results); metadata only, no torch.
 
 A model's layers fall into up to three components, each with its own pool and its own reuse rule
 at a candidate boundary B (a page boundary on a cached path):
@@ -9,19 +10,20 @@ at a candidate boundary B (a page boundary on a cached path):
 - STATE: a fixed-size recurrent/conv state. Accepts B = 0 and boundaries that carry a checkpoint
   (a state slot holding the state after exactly B tokens); cached checkpoints are never written.
 
-`Components` says which of them a cache was built with. The plain full-attention cache is
-`Components()` (FULL only); every other combination goes through the same RadixCache, whose
-FULL-only path stays untouched.
+`Components` says which of them a cache was built with. The plain full-attention cache
+(`RadixCache`) is the FULL-only case; every other combination is a `HybridCache`
+(`radixkv.cache.hybrid`), built on the same tree core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from radixkv.cache.base import SlotArray
+from radixkv.cache.base import MatchResult, PrefixIndex, SlotArray
 
 TOMBSTONE = -1  # an SWA slot entry whose K/V was freed (or never kept)
 
@@ -98,10 +100,27 @@ class Freed:
 
 
 @dataclass(frozen=True)
-class InsertOutcome:
-    """Result of `RadixCache.insert_components`.
+class HybridMatch(MatchResult):
+    """A hybrid match: the deepest boundary every component accepts, with each one's data.
 
-    `cached`: leading tokens already cached (FULL semantics, as `insert` returns).
+    `swa_slots[i]` is the SWA slot of token i for i in [length - W, length), -1 before that
+    (None without SWA). `checkpoint` is the STATE checkpoint valid exactly at `length` (-1:
+    none; resume from zeros at 0). `shared_length` is the longest page-aligned prefix whose
+    tokens are on a cached path, before the SWA and STATE votes: `shared_length > length`
+    means the request diverges at `shared_length` inside a span it cannot resume in (a good
+    place for a new checkpoint).
+    """
+
+    swa_slots: SlotArray | None = None
+    checkpoint: int = -1
+    shared_length: int = -1
+
+
+class HybridInsert(NamedTuple):
+    """Result of `HybridCache.insert`.
+
+    `cached`: leading tokens already cached (FULL semantics, as the plain insert returns);
+    `handle`: covers exactly the page-floored inserted prefix (None when that is empty).
     `swa_free`: the caller's SWA slots (from positions >= owned_from) the tree did not adopt
     (duplicates); the caller frees them. Adopted ones (new tail, revived tombstones) are the
     tree's now. `checkpoints_rejected`: checkpoint ids the tree did not take (a checkpoint was
@@ -109,5 +128,45 @@ class InsertOutcome:
     """
 
     cached: int
+    handle: Any
     swa_free: SlotArray
     checkpoints_rejected: tuple[int, ...]
+
+
+class HybridPrefixCache(PrefixIndex, Protocol):
+    """What the engine needs from a cache of several components (the FULL sizes and
+    `cached_slots` of `PrefixIndex` count FULL tokens; SWA and STATE have their own)."""
+
+    components: Components
+
+    def match(
+        self, tokens: Sequence[int], namespace: Hashable | None = None, *, record: bool = True
+    ) -> HybridMatch: ...
+
+    def insert(
+        self,
+        tokens: Sequence[int],
+        slots: Sequence[int] | SlotArray | None,
+        swa: Sequence[int] | SlotArray | None = None,
+        checkpoints: Sequence[tuple[int, int]] = (),
+        namespace: Hashable | None = None,
+        priority: int = 0,
+        owned_from: int = 0,
+    ) -> HybridInsert: ...
+
+    def evict(self, full_tokens: int = 0, swa_slots: int = 0, checkpoints: int = 0) -> Freed: ...
+
+    def reset(self) -> Freed: ...
+
+    def swa_slots_of(self, handle: Any) -> SlotArray | None:
+        """The SWA slots of the prefix `handle` covers, -1 before its window (None without
+        SWA)."""
+        ...
+
+    @property
+    def swa_size(self) -> int: ...
+
+    @property
+    def checkpoint_count(self) -> int: ...
+
+    def cached_checkpoints(self) -> list[int]: ...

@@ -1,62 +1,71 @@
-"""Component logic of the radix tree for hybrid models (FULL + SWA + STATE); metadata only.
+"""HybridCache: the radix tree of a hybrid model (FULL + SWA + STATE components); metadata only.
 
-`ComponentOps` is attached to a RadixCache built with hybrid `Components`; the tree core (walk,
-split, locks, leaf queue, namespaces) stays RadixCache's, and this module adds per-component
-match votes, insert, split and eviction. Per-node data (see radix_node.Node):
-  `slots` FULL slot per token (empty when the model has no FULL layers),
-  `swa`   SWA slot per token, TOMBSTONE (-1) where the K/V was freed,
-  `ckpt`  STATE checkpoint id valid exactly at the node's end, or -1.
+Built on the same tree core as the plain `RadixCache` (`radixkv.cache.tree`: walk, split, locks,
+leaf queue, page-granular leaf removal, namespaces, sessions) and on one object per extra
+component (`swa.SwaComponent`, `state.StateComponent`), which hold their own ledgers and rules.
+Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once and every component
+votes on the candidate boundaries; the request resumes from the deepest one all accept.
+Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has no FULL
+layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's end.
 
-Invariants (checked by `check`):
-- tombstones are whole pages; `swa_size` == live SWA entries in the tree; no slot twice;
-- the checkpoint registry holds exactly the nodes with `ckpt >= 0`; no checkpoint id twice;
-- `swa_nodes` holds exactly the nodes with live SWA entries;
-- trimming (phase 1 of SWA eviction) keeps the window before every *kept boundary*: the end of a
-  leaf, of a branching node, and of a node some handle is locked at (lock > the sum of its
-  children's locks). Ends of pass-through nodes (e.g. where a running request committed a prefill
-  chunk) lose their windows, so a long locked prompt holds about W tokens of SWA, not W per
-  chunk. A locked request's resume point is a kept boundary, so trimming never breaks a locked
-  window. A checkpoint whose window trimming broke can never be resumed from and is dropped.
-- a checkpoint at a node some handle is locked at is never dropped (its request copies it at
-  admission); others are dropped by policy or when their window is trimmed.
+Eviction: SWA K/V outside every kept boundary's window first (tombstones; checkpoints whose window
+that breaks are dropped), then checkpoints by policy, then unlocked leaves in policy order through
+the core's page-granular removal (tail pages only while FULL alone is short), freeing every
+component they hold. `FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL
+tokens as in the plain tree; `swa_size` and `checkpoint_count` are the other components' ledgers.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
-import numpy as np
+from radixkv.cache.base import SlotArray
+from radixkv.cache.components import Components, Freed, HybridInsert, HybridMatch
+from radixkv.cache.keys import (
+    EMPTY_SLOTS,
+    TOKEN_BYTES,
+    concat_slots,
+    frozen_copy,
+    slot_array,
+    token_key,
+)
+from radixkv.cache.node import Node, common_pages
+from radixkv.cache.policies import EvictionPolicy
+from radixkv.cache.state import StateComponent
+from radixkv.cache.swa import SwaComponent
+from radixkv.cache.tree import RadixTree
 
-from radixkv.cache.base import MatchResult, SlotArray
-from radixkv.cache.components import Components, InsertOutcome
-from radixkv.cache.hybrid_evict import ComponentEviction, _frozen
-from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES, concat_slots, frozen_copy, slot_array
-from radixkv.cache.radix_node import Node, Root, common_pages
-
-if TYPE_CHECKING:
-    from radixkv.cache.radix import RadixCache
+_ALL = 1 << 62  # "no page-granular limit": a victim leaf goes whole
 
 
-class ComponentOps(ComponentEviction):
-    """Per-component behaviour of one RadixCache (see the module docstring)."""
+class HybridCache(RadixTree):
+    """A radix tree whose nodes hold every component of a hybrid model (module docstring)."""
 
-    def __init__(self, cache: RadixCache, components: Components) -> None:
-        self.cache = cache
-        self.comp = components
-        self.window = components.swa_window
-        self.swa_size = 0  # live SWA entries held by the tree
-        self.ckpts: dict[int, Node] = {}  # id(node) -> node with ckpt >= 0
-        self.swa_nodes: dict[int, Node] = {}  # id(node) -> node with live SWA entries
-        self.dropped: list[int] = []  # checkpoints freed during the current eviction
+    def __init__(
+        self,
+        components: Components | Sequence[str],
+        page_size: int = 1,
+        policy: str | EvictionPolicy = "lru",
+    ) -> None:
+        """`components`: a `Components`, or names such as ("full", "swa:4096", "state")."""
+        super().__init__(page_size, policy)
+        self.components = Components.parse(components)
+        if not self.components.hybrid:
+            raise ValueError("a FULL-only cache is a RadixCache")
+        self.has_full = self.components.full
+        window = self.components.swa_window
+        key = self.policy.key
+        self.swa = SwaComponent(window, page_size, key) if window is not None else None
+        self.state = StateComponent(key) if self.components.state else None
+        self.policy.bind(self)
 
     # ---------------------------------------------------------------- match
 
     def _walk_nosplit(self, root: Node, q: bytes) -> tuple[list[Node], int]:
         """Nodes along the longest page-aligned match (the last one maybe partly) and its length
         in bytes; nothing is split."""
-        pb = self.cache._page_bytes
+        pb = self._page_bytes
         end = len(q) - len(q) % pb
         node, pos = root, 0
         path: list[Node] = []
@@ -73,50 +82,42 @@ class ComponentOps(ComponentEviction):
             break
         return path, pos
 
-    def vote(self, path: list[Node], shared: int) -> int:
+    def _vote(self, path: list[Node], shared: int) -> int:
         """The deepest boundary <= `shared` (tokens) every component accepts."""
-        ps = self.cache.page_size
-        tombs: list[int] = []
-        if self.window is not None and path:
-            swa = np.concatenate([n.swa for n in path if n.swa is not None])[:shared]
-            tombs = np.flatnonzero(swa < 0).tolist()
-        w = self.window or 0
+        swa = self.swa
+        tombs = swa.tombstones(path, shared) if swa is not None else []
+        if self.state is not None:
+            ends = self.state.boundaries(path, shared)
+            return next(p for p in reversed(ends) if swa is None or swa.accepts(tombs, p))
+        return swa.deepest(tombs, shared) if swa is not None else shared
 
-        def swa_ok(p: int) -> bool:
-            i = bisect.bisect_left(tombs, p)
-            return i == 0 or tombs[i - 1] < p - w
+    def _empty_match(self, shared: int = 0) -> HybridMatch:
+        swa = concat_slots([]) if self.swa is not None else None
+        return HybridMatch(0, concat_slots([]), None, swa, -1, shared)
 
-        if self.comp.state:
-            ends, pos = [0], 0
-            for n in path:
-                pos += n.ntok
-                if pos <= shared and n.ckpt >= 0:
-                    ends.append(pos)
-            return next(p for p in reversed(ends) if swa_ok(p))
-        p = shared
-        while not swa_ok(p):
-            t = tombs[bisect.bisect_left(tombs, p) - 1]
-            p = t - t % ps
-        return p
-
-    def match(self, tokens: object, namespace: Hashable | None, record: bool) -> MatchResult:
-        from radixkv.cache.keys import token_key
-
-        c = self.cache
+    def match(
+        self,
+        tokens: Sequence[int] | SlotArray,
+        namespace: Hashable | None = None,
+        *,
+        record: bool = True,
+    ) -> HybridMatch:
+        """The deepest page boundary on the cached path of `tokens` that every component
+        accepts; the edge it falls inside is split, so `handle` covers exactly the match.
+        `record=False` is a peek (no statistics, no recency)."""
         q = token_key(tokens)
         if record:
-            c._stats.match_calls += 1
-            c._stats.requested_tokens += len(q) // TOKEN_BYTES
-        root = c._roots.get(namespace)
+            self._stats.match_calls += 1
+            self._stats.requested_tokens += len(q) // TOKEN_BYTES
+        root = self._roots.get(namespace)
         if root is None:
             return self._empty_match()
         path, shared_b = self._walk_nosplit(root, q)
         shared = shared_b // TOKEN_BYTES
-        p = self.vote(path, shared)
+        p = self._vote(path, shared)
         if p == 0:
             return self._empty_match(shared)
-        # Cut the path at p (splitting the edge p falls inside).
-        kept: list[Node] = []
+        kept: list[Node] = []  # the path cut at p (splitting the edge p falls inside)
         pos = 0
         for n in path:
             if pos + n.ntok <= p:
@@ -125,166 +126,187 @@ class ComponentOps(ComponentEviction):
                 if pos == p:
                     break
                 continue
-            kept.append(c._split(n, (p - pos) * TOKEN_BYTES))
+            kept.append(self._split(n, (p - pos) * TOKEN_BYTES))
             break
-        handle = kept[-1]
         if record:
-            c._clock += 1
-            c.policy.on_match(kept, c._clock)
-            for n in kept:
-                n.last_access = c._clock
-                n.hits += 1
-            if handle.entry is not None:
-                c._leaves.touched(handle)
-            c._stats.matched_tokens += p
-        full = concat_slots([n.slots for n in kept]) if self.comp.full else concat_slots([])
-        swa = None
-        if self.window is not None:
-            swa = concat_slots([n.swa for n in kept])  # type: ignore[misc]
-            swa[: max(0, p - self.window)] = -1
-        ckpt = handle.ckpt if self.comp.state else -1
-        return MatchResult(p, full, handle, swa, ckpt, shared)
+            self._record_match(kept, p)
+        handle = kept[-1]
+        full = concat_slots([n.slots for n in kept]) if self.has_full else concat_slots([])
+        swa = self.swa.window_slots(kept, p) if self.swa is not None else None
+        return HybridMatch(p, full, handle, swa, handle.ckpt, shared)
 
-    def path_match(self, tokens: object, namespace: Hashable | None) -> MatchResult:
-        """The whole page-aligned cached prefix with no vote (a request re-locking the path it
-        just inserted); a peek: no statistics, no recency."""
-        from radixkv.cache.keys import token_key
+    def swa_slots_of(self, handle: Any) -> SlotArray | None:
+        """The SWA slots of the prefix `handle` covers, -1 before its window (None without
+        SWA); with `slots_of`, what a request reads after moving its lock to `handle`."""
+        if self.swa is None:
+            return None
+        path: list[Node] = []
+        node: Node | None = self._live(handle) if handle is not None else None
+        while node is not None and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return self.swa.window_slots(path, sum(n.ntok for n in path))
 
-        c = self.cache
-        root = c._roots.get(namespace)
-        if root is None:
-            return self._empty_match()
-        path, pos = c._walk(root, token_key(tokens))
-        p = pos // TOKEN_BYTES
-        if not path:
-            return self._empty_match()
-        full = concat_slots([n.slots for n in path]) if self.comp.full else concat_slots([])
-        swa = None
-        if self.window is not None:
-            swa = concat_slots([n.swa for n in path if n.swa is not None])
-            swa[: max(0, p - self.window)] = -1
-        handle = path[-1]
-        return MatchResult(p, full, handle, swa, handle.ckpt, p)
+    # ---------------------------------------------------------------- split and insert
 
-    def _empty_match(self, shared: int = 0) -> MatchResult:
-        swa = concat_slots([]) if self.window is not None else None
-        return MatchResult(0, concat_slots([]), None, swa, -1, shared)
-
-    # ---------------------------------------------------------------- split
-
-    def on_split(self, upper: Node, lower: Node, ntok: int) -> None:
-        """`lower` lost its first `ntok` tokens to the new `upper`; the checkpoint stays with
-        `lower` (it is valid at lower's end)."""
-        if self.window is not None:
-            swa = lower.swa
-            assert swa is not None
-            upper.swa = frozen_copy(swa[:ntok])
-            lower.swa = frozen_copy(swa[ntok:])
-            self._track(upper)
-            self._track(lower)
-
-    # ---------------------------------------------------------------- insert
+    def _split(self, child: Node, at: int) -> Node:
+        """The core's split, cutting the SWA array too (a checkpoint stays with `child`, the
+        lower part: it is valid at child's end)."""
+        upper = super()._split(child, at)
+        if self.swa is not None:
+            self.swa.on_split(upper, child, upper.ntok)
+        return upper
 
     def insert(
         self,
-        tokens: object,
+        tokens: Sequence[int] | SlotArray,
         slots: Sequence[int] | SlotArray | None,
-        swa: Sequence[int] | SlotArray | None,
-        checkpoints: Sequence[tuple[int, int]],
-        namespace: Hashable | None,
-        priority: int,
-        owned_from: int,
-    ) -> InsertOutcome:
-        from radixkv.cache.keys import token_key
-
-        c = self.cache
+        swa: Sequence[int] | SlotArray | None = None,
+        checkpoints: Sequence[tuple[int, int]] = (),
+        namespace: Hashable | None = None,
+        priority: int = 0,
+        owned_from: int = 0,
+    ) -> HybridInsert:
+        """Insert every component's data for the page-floored prefix of `tokens`: FULL `slots`
+        (None without FULL), per-token `swa` slots (-1 where the caller already freed them),
+        and STATE `checkpoints` as (boundary, checkpoint id) pairs (a boundary must be a whole
+        number of pages within the inserted prefix). Positions < `owned_from` are the caller's
+        locked match (the tree's own data); for positions >= owned_from the tree adopts SWA
+        slots where it has tombstones. See HybridInsert for what the caller must free."""
         q = token_key(tokens)
         n = len(q) // TOKEN_BYTES
-        if (slots is None) == self.comp.full or (swa is None) == (self.window is not None):
-            raise ValueError(f"insert_components needs exactly the data of {self.comp.names()}")
+        if (slots is None) == self.has_full or (swa is None) == (self.swa is not None):
+            raise ValueError(f"insert needs exactly the data of {self.components.names()}")
         full = slot_array(slots, n) if slots is not None else None
         swa_arr = slot_array(swa, n) if swa is not None else None
-        c._stats.insert_calls += 1
-        end = len(q) - len(q) % c._page_bytes
+        self._stats.insert_calls += 1
+        end = len(q) - len(q) % self._page_bytes
         end_tok = end // TOKEN_BYTES
-        root = c._roots.get(namespace)
-        if root is None:
-            if not end:  # nothing to insert: the caller keeps all its slots
-                return InsertOutcome(0, concat_slots([]), tuple(c for _, c in checkpoints))
-            root = c._roots[namespace] = Root(namespace, c._clock)
-        path, pos = c._walk(root, q)
+        root = self._root_for_insert(namespace, end)
+        if root is None:  # nothing to insert: the caller keeps all its slots
+            return HybridInsert(0, None, concat_slots([]), tuple(c for _, c in checkpoints))
+        path, pos = self._walk(root, q)
         pos_tok = pos // TOKEN_BYTES
         if pos_tok < owned_from and pos_tok < end_tok:
             raise RuntimeError(f"tree lost a locked prefix: found {pos_tok} < owned {owned_from}")
-        c._clock += 1
-        for node in path:
-            node.last_access = c._clock
-            node.hits += 1
-            node.priority = max(node.priority, priority)
-        swa_free = self._revive(path, swa_arr, owned_from)
-        parent = path[-1] if path else root
+        self._touch(path, priority)
+        swa_free = concat_slots([])
+        if self.swa is not None and swa_arr is not None:
+            swa_free = self.swa.revive(path, swa_arr, owned_from)
+        handle: Node | None = path[-1] if path else None
         if pos < end:
-            leaf = Node(
-                q[pos:end],
-                frozen_copy(full[pos_tok:end_tok]) if full is not None else EMPTY_SLOTS,
-                parent,
-                c._clock,
-            )
-            leaf.priority = priority
-            c.policy.on_insert(leaf)
-            if swa_arr is not None:
-                leaf.swa = frozen_copy(swa_arr[pos_tok:end_tok])
-                self.swa_size += int((leaf.swa >= 0).sum())
-                self._track(leaf)
-            if parent.entry is not None:
-                c._leaves.invalidate(parent)
-            parent.children[q[pos : pos + c._page_bytes]] = leaf
-            c._leaves.push(leaf)
-            c._evictable += leaf.ntok
-            c._stats.inserted_tokens += leaf.ntok
-        elif parent.entry is not None:
-            c._leaves.touched(parent)
+            leaf_slots = frozen_copy(full[pos_tok:end_tok]) if full is not None else EMPTY_SLOTS
+            handle = self._add_leaf(path[-1] if path else root, q[pos:end], leaf_slots, priority)
+            if self.swa is not None and swa_arr is not None:
+                self.swa.adopt_leaf(handle, swa_arr[pos_tok:end_tok])
+        elif handle is not None and handle.entry is not None:
+            self._leaves.touched(handle)
         rejected = self._attach_checkpoints(root, q, end_tok, checkpoints)
-        return InsertOutcome(pos_tok, swa_free, rejected)
-
-    def _revive(self, path: list[Node], swa: SlotArray | None, owned_from: int) -> SlotArray:
-        """For the already-cached range: adopt the caller's SWA slots where the tree has
-        tombstones (positions >= owned_from only); return the caller's others (duplicates)."""
-        if swa is None:
-            return concat_slots([])
-        dup: list[SlotArray] = []
-        pos = 0
-        for node in path:
-            lo = max(owned_from, pos) - pos
-            if lo < node.ntok:
-                assert node.swa is not None
-                mine = swa[pos + lo : pos + node.ntok]
-                take = (node.swa[lo:] < 0) & (mine >= 0)
-                if take.any():
-                    new = node.swa.copy()
-                    new[lo:][take] = mine[take]
-                    node.swa = _frozen(new)
-                    self.swa_size += int(take.sum())
-                    self._track(node)
-                rest = mine[~take]
-                dup.append(rest[rest >= 0])
-            pos += node.ntok
-        return concat_slots(dup)
+        return HybridInsert(pos_tok, handle, swa_free, rejected)
 
     def _attach_checkpoints(
         self, root: Node, q: bytes, end_tok: int, checkpoints: Sequence[tuple[int, int]]
     ) -> tuple[int, ...]:
         rejected: list[int] = []
-        ps = self.cache.page_size
+        ps = self.page_size
         for p, cid in checkpoints:
-            if not self.comp.state or p <= 0 or p > end_tok or p % ps:
+            if self.state is None or p <= 0 or p > end_tok or p % ps:
                 rejected.append(cid)
                 continue
-            path, pos = self.cache._walk(root, q[: p * TOKEN_BYTES])
-            node = path[-1]
-            if pos // TOKEN_BYTES != p or node.ckpt >= 0:
+            path, pos = self._walk(root, q[: p * TOKEN_BYTES])
+            if pos // TOKEN_BYTES != p or not self.state.attach(path[-1], cid):
                 rejected.append(cid)
-                continue
-            node.ckpt = cid
-            self.ckpts[id(node)] = node
         return tuple(rejected)
+
+    # ---------------------------------------------------------------- eviction and reset
+
+    def evict(self, full_tokens: int = 0, swa_slots: int = 0, checkpoints: int = 0) -> Freed:
+        """Free at least the asked amounts where possible: SWA K/V outside every kept window
+        first (tombstones), then unlocked checkpoints in policy order, then unlocked leaves in
+        policy order (freeing every component they hold) while FULL or SWA is short; the
+        caller frees what comes back."""
+        swa_parts: list[SlotArray] = []
+        ckpts: list[int] = []
+        got_swa = self._trim(swa_slots, swa_parts, ckpts) if swa_slots > 0 else 0
+        if self.state is not None and len(ckpts) < checkpoints:
+            self.state.drop(checkpoints - len(ckpts), ckpts)
+        full_parts: list[SlotArray] = []
+        got_full = 0
+        while got_full < full_tokens or got_swa < swa_slots:
+            # Page-granular while FULL alone is short; a leaf goes whole when SWA is.
+            need = full_tokens - got_full if got_swa >= swa_slots else _ALL
+            node = self._pop_victim(need)
+            if node is None:
+                break
+            self._remove_leaf(node)
+            if self.has_full:
+                full_parts.append(node.slots)
+                got_full += node.ntok
+            got_swa += self._forget(node, swa_parts, ckpts)
+        if got_swa < swa_slots:  # removed leaves turned branch points into pass-through nodes
+            got_swa += self._trim(swa_slots - got_swa, swa_parts, ckpts)
+        return Freed(concat_slots(full_parts), concat_slots(swa_parts), tuple(ckpts))
+
+    def _trim(self, want: int, swa_parts: list[SlotArray], ckpts: list[int]) -> int:
+        """SWA trimming, then the checkpoints it left without a window."""
+        if self.swa is None:
+            return 0
+        got = self.swa.trim(want, swa_parts)
+        if got and self.state is not None:
+            self.state.drop_blind(self.swa.window_intact, ckpts)
+        return got
+
+    def _forget(self, node: Node, swa_parts: list[SlotArray], ckpts: list[int]) -> int:
+        """A removed node's SWA slots and checkpoint into the freed lists; SWA count."""
+        if self.state is not None:
+            self.state.forget(node, ckpts)
+        return self.swa.forget(node, swa_parts) if self.swa is not None else 0
+
+    def reset(self) -> Freed:
+        """Drop every node, locks included (their handles become stale), and return every
+        component's data the tree held, for the caller to free."""
+        nodes = self._drop_all()
+        full = concat_slots([n.slots for n in nodes]) if self.has_full else concat_slots([])
+        swa_parts: list[SlotArray] = []
+        ckpts: list[int] = []
+        for n in nodes:
+            self._forget(n, swa_parts, ckpts)
+        return Freed(full, concat_slots(swa_parts), tuple(ckpts))
+
+    # ---------------------------------------------------------------- sizes and checks
+
+    @property
+    def swa_size(self) -> int:
+        """Live SWA slots held by the tree (0 without an SWA component)."""
+        return self.swa.size if self.swa is not None else 0
+
+    @property
+    def checkpoint_count(self) -> int:
+        """STATE checkpoints held by the tree."""
+        return len(self.state) if self.state is not None else 0
+
+    def cached_checkpoints(self) -> list[int]:
+        return self.state.ids() if self.state is not None else []
+
+    def evictable_swa(self) -> int:
+        """Live SWA entries eviction could free now (O(nodes); admission estimates, tests)."""
+        nodes = [n for _, n in self.iter_nodes()]
+        return self.swa.evictable(nodes) if self.swa is not None else 0
+
+    def check_integrity(self) -> None:
+        """Verify the core's and every component's invariants (AssertionError on the first
+        violation)."""
+        self._check_core()
+        nodes = [n for _, n in self.iter_nodes()]
+        if self.swa is not None:
+            self.swa.check(nodes)
+        elif any(n.swa is not None for n in nodes):
+            raise AssertionError("component integrity: SWA slots without an SWA component")
+        if self.state is not None:
+            self.state.check(nodes)
+        elif any(n.ckpt >= 0 for n in nodes):
+            raise AssertionError("component integrity: checkpoint without a STATE component")
+        for root in self._roots.values():
+            if root.swa is not None or root.ckpt >= 0:
+                raise AssertionError("component integrity: a namespace root carries data")

@@ -14,8 +14,9 @@ from radixkv.cache.keys import TOKEN_BYTES
 
 if TYPE_CHECKING:
     from radixkv.cache.blockhash import BlockHashCache
-    from radixkv.cache.radix import RadixCache
-    from radixkv.cache.radix_node import Node
+    from radixkv.cache.leafqueue import LeafQueue
+    from radixkv.cache.node import Node, Root
+    from radixkv.cache.policies import EvictionPolicy
 
 
 def _fail(msg: str) -> NoReturn:
@@ -33,14 +34,23 @@ def check_unique_slots(parts: list[Any]) -> int:
     return len(allslots)
 
 
-def check_radix(cache: RadixCache) -> None:
-    pb = cache.page_size * TOKEN_BYTES
-    full = cache.components.full
+def check_tree(
+    roots: dict[Any, Root],
+    leaf_queue: LeafQueue,
+    policy: EvictionPolicy,
+    page_size: int,
+    full: bool,
+    sizes: tuple[int, int],
+) -> None:
+    """The radix tree core's invariants (both trees): namespace roots, edges of whole pages with
+    one FULL slot per token (none when `full` is False), locks, the (evictable, protected)
+    `sizes`, no slot twice, and the leaf queue tracking exactly the unlocked leaves."""
+    pb = page_size * TOKEN_BYTES
     evictable = protected = 0
     leaves: set[int] = set()
     seen: dict[int, Any] = {}  # id(node) -> namespace; proves namespace roots are isolated
     parts = []
-    for ns, root in cache._roots.items():
+    for ns, root in roots.items():
         if root.parent is not None or root.key or root.ntok or root.lock or root.entry:
             _fail(f"root of namespace {ns!r} is not a bare root")
         if root.namespace != ns or not root.children:
@@ -83,32 +93,21 @@ def check_radix(cache: RadixCache) -> None:
                     _fail(f"{where}: created after its last access")
                 parts.append(child.slots)
                 stack.append(child)
-    if (evictable, protected) != (cache.evictable_size, cache.protected_size):
-        _fail(
-            f"sizes (evictable, protected) = ({cache.evictable_size}, {cache.protected_size}) "
-            f"but recomputed ({evictable}, {protected})"
-        )
+    if (evictable, protected) != sizes:
+        _fail(f"sizes (evictable, protected) = {sizes} but recomputed ({evictable}, {protected})")
     total = check_unique_slots(parts)
-    if full and total != cache.total_size:
-        _fail(f"total_size {cache.total_size} but the tree holds {total} slots")
-    _check_leaf_queue(cache)
-    from radixkv.cache.sessions import check_sessions
-
-    check_sessions(cache, cache.iter_nodes())
-    tracked = {id(n) for n in cache._leaves.tracked()}
+    if full and total != sum(sizes):
+        _fail(f"total_size {sum(sizes)} but the tree holds {total} slots")
+    try:
+        leaf_queue.check(policy)  # heap order, keys valid for the policy
+    except AssertionError as exc:
+        _fail(str(exc))
+    tracked = {id(n) for n in leaf_queue.tracked()}
     if tracked != leaves:
         _fail(
             f"evictable-leaf set has {len(tracked - leaves)} nodes that are not unlocked leaves "
             f"and misses {len(leaves - tracked)} unlocked leaves"
         )
-
-
-def _check_leaf_queue(cache: RadixCache) -> None:
-    """The leaf queue's own order checks (heap order, keys valid for the policy)."""
-    try:
-        cache._leaves.check(cache.policy)
-    except AssertionError as exc:
-        _fail(str(exc))
 
 
 def check_blockhash(cache: BlockHashCache) -> None:

@@ -6,7 +6,7 @@ never protects anything; a session-aware policy (`session-<base>`) evicts nodes 
 references first, then those with fewer, then in its base policy's order. Closing the session
 drops the reference.
 
-Invariants (checked by `check_sessions`):
+Invariants (checked by `SessionTable.check`):
 - every live reference is anchored at exactly one node (`ref.node`, listed in its `anchors`);
 - `node.sref` == the number of references anchored at `node` or below it;
 - when an anchor node is evicted (or its tail trimmed), its references move to the node that
@@ -20,8 +20,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixkv.cache.radix import RadixCache
-    from radixkv.cache.radix_node import Node
+    from radixkv.cache.leafqueue import LeafQueue
+    from radixkv.cache.node import Node
 
 # Clients invent session ids; past this many open references the oldest is dropped.
 MAX_SESSIONS = 100_000
@@ -67,7 +67,7 @@ class SessionTable:
     def refs(self) -> list[SessionRef]:
         return list(self._refs.values())
 
-    def hold(self, cache: RadixCache, session: Hashable, node: Node | None) -> None:
+    def hold(self, leaves: LeafQueue, session: Hashable, node: Node | None) -> None:
         """Replace `session`'s reference by one on `node`'s path (none if `node` is None).
         The new path is counted before the old one is dropped, so a shared prefix never
         dips to zero references in between."""
@@ -79,26 +79,50 @@ class SessionTable:
             while walk.parent is not None:
                 walk.sref += 1  # the key grows: monotone policies re-key lazily
                 if walk.entry is not None:
-                    cache._leaves.touched(walk)
+                    leaves.touched(walk)
                 walk = walk.parent
             self._refs[session] = ref
         if old is not None:
-            _drop(cache, old)
+            _drop(leaves, old)
         while len(self._refs) > self.max_sessions:
-            _drop(cache, self._refs.popitem(last=False)[1])
+            _drop(leaves, self._refs.popitem(last=False)[1])
 
-    def release(self, cache: RadixCache, session: Hashable) -> bool:
+    def release(self, leaves: LeafQueue, session: Hashable) -> bool:
         ref = self._refs.pop(session, None)
         if ref is None:
             return False
-        _drop(cache, ref)
+        _drop(leaves, ref)
         return True
 
     def clear(self) -> None:
         self._refs.clear()
 
+    def check(self, nodes: list[Any]) -> None:
+        """Recount every node's `sref` from the anchors (`nodes`: (namespace, node) pairs of the
+        whole tree); raises AssertionError on a mismatch."""
+        expect: dict[int, int] = {}
+        anchored = 0
+        for _, node in nodes:
+            for ref in node.anchors or []:
+                if ref.node is not node or self._refs.get(ref.session) is not ref:
+                    raise AssertionError("cache integrity: session anchor is not its session's ref")
+                anchored += 1
+                walk = node
+                while walk.parent is not None:
+                    expect[id(walk)] = expect.get(id(walk), 0) + 1
+                    walk = walk.parent
+        live = sum(1 for r in self._refs.values() if r.node.parent is not None and r.node.alive)
+        if anchored != live:
+            raise AssertionError(f"cache integrity: {live} session refs but {anchored} anchored")
+        for _, node in nodes:
+            if node.sref != expect.get(id(node), 0):
+                raise AssertionError(
+                    f"cache integrity: node sref {node.sref} but {expect.get(id(node), 0)} "
+                    "session references pass through it"
+                )
 
-def _drop(cache: RadixCache, ref: SessionRef) -> None:
+
+def _drop(leaves: LeafQueue, ref: SessionRef) -> None:
     """Uncount `ref` along its path; evictable leaves whose key fell are re-keyed now."""
     node = ref.node
     if node.anchors is not None:
@@ -107,35 +131,9 @@ def _drop(cache: RadixCache, ref: SessionRef) -> None:
             node.anchors = None
     if not node.alive:
         return  # dropped by reset: nothing left to uncount
-    leaves = cache._leaves
     while node.parent is not None:
         node.sref -= 1
         if node.entry is not None:  # a smaller key must not wait for lazy re-keying
             leaves.invalidate(node)
             leaves.push(node)
         node = node.parent
-
-
-def check_sessions(cache: RadixCache, nodes: list[Any]) -> None:
-    """Recount every node's `sref` from the anchors; raises AssertionError on a mismatch."""
-    expect: dict[int, int] = {}
-    table = cache._sessions
-    anchored = 0
-    for _, node in nodes:
-        for ref in node.anchors or []:
-            if ref.node is not node or table._refs.get(ref.session) is not ref:
-                raise AssertionError("cache integrity: session anchor is not its session's ref")
-            anchored += 1
-            walk = node
-            while walk.parent is not None:
-                expect[id(walk)] = expect.get(id(walk), 0) + 1
-                walk = walk.parent
-    live = sum(1 for r in table.refs() if r.node.parent is not None and r.node.alive)
-    if anchored != live:
-        raise AssertionError(f"cache integrity: {live} session refs but {anchored} anchored")
-    for _, node in nodes:
-        if node.sref != expect.get(id(node), 0):
-            raise AssertionError(
-                f"cache integrity: node sref {node.sref} but {expect.get(id(node), 0)} session "
-                "references pass through it"
-            )

@@ -21,7 +21,7 @@ import hmac
 from collections.abc import Hashable
 from typing import Any
 
-from radixkv.cache.radix_node import Node, Root
+from radixkv.cache.node import Node, Root
 
 MAX_TOP_K = 500
 MAX_DEPTH = 64

@@ -1,5 +1,9 @@
 """Memory of the hybrid components (SWA KV, STATE) for running requests; KVManager's partner.
 
+It holds the hybrid tree (`radixkv.cache.HybridCache`, through its `HybridPrefixCache`
+contract) and makes every call that moves data in or out of it, returning what the tree lets
+go of to each component's allocator.
+
 Owners and census, per pool, after every public call (checked by `check`):
   SWA:   swa_alloc.free_slots + cache.swa_size + sum(len(r.swa_pages)) * page_size == swa pool
   STATE: state_alloc.free_pages + cache.checkpoint_count
@@ -23,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.cache.components import Components, Freed
+from radixkv.cache.base import SlotArray
+from radixkv.cache.components import Components, Freed, HybridMatch, HybridPrefixCache
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import ModelPools, PoolSpec
@@ -39,14 +44,14 @@ class ComponentMemory:
         pools: ModelPools,
         page_size: int,
         swa_table: ReqToTokenTable | None,
-        cache: Any,
+        cache: HybridPrefixCache | None,
         interval: int,
     ) -> None:
         self.spec = spec
         self.pools = pools
         self.page_size = page_size
         self.window = spec.swa_window
-        self.cache = cache  # RadixCache with matching Components, or None
+        self.cache = cache  # the hybrid tree with matching Components, or None (cache off)
         self.swa_table = swa_table
         self.swa_alloc = (
             PageAllocator(pools.swa.num_slots, page_size) if pools.swa is not None else None
@@ -56,6 +61,7 @@ class ComponentMemory:
         )
         self.interval = -(-interval // page_size) * page_size
         self.full_alloc: PageAllocator | None = None  # set by KVManager (FULL slots it frees)
+        self._swa_prefix: dict[int, SlotArray | None] = {}  # id(req) -> matched SWA, until bind
 
     @staticmethod
     def components_of(spec: PoolSpec) -> Components:
@@ -86,7 +92,7 @@ class ComponentMemory:
         pages = self.swa_alloc.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
             short = num_pages - self.swa_alloc.free_pages
-            self._free(self.cache.evict_components(swa_slots=short * self.page_size))
+            self._free(self.cache.evict(swa_slots=short * self.page_size))
             pages = self.swa_alloc.alloc_pages(num_pages)
         return pages
 
@@ -94,16 +100,41 @@ class ComponentMemory:
         assert self.state_alloc is not None
         got = self.state_alloc.alloc_pages(1)
         if got is None and self.cache is not None:
-            self._free(self.cache.evict_components(checkpoints=1))
+            self._free(self.cache.evict(checkpoints=1))
             got = self.state_alloc.alloc_pages(1)
         return None if got is None else got[0]
 
+    def evict_full(self, num_tokens: int) -> None:
+        """FULL pages are short: evict leaves (freeing every component they hold)."""
+        if self.cache is not None:
+            self._free(self.cache.evict(full_tokens=num_tokens))
+
+    def flush(self, idle: bool) -> None:
+        """Drop every unlocked cached prefix in every component (everything when idle)."""
+        if self.cache is None:
+            return
+        if idle:
+            self._free(self.cache.reset())
+            return
+        everything = 1 << 62
+        self._free(self.cache.evict(everything, everything))
+        self._free(self.cache.evict(checkpoints=everything))
+
     # -- admission ----------------------------------------------------------------------------
-    def on_match(self, req: Request, m: Any) -> None:
+    def match(self, req: Request, query: Any) -> HybridMatch:
+        """The tree's match for `req` (cache on): where it resumes, and the SWA window and
+        checkpoint target it needs at `bind`."""
+        assert self.cache is not None
+        m = self.cache.match(query, req.namespace)
         req.resume_ckpt = m.checkpoint
         req.ckpt_target = 0
         if self.spec.has_state and m.shared_length > m.length:
             req.ckpt_target = m.shared_length
+        self._swa_prefix[id(req)] = m.swa_slots
+        return m
+
+    def forget_match(self, req: Request) -> None:
+        self._swa_prefix.pop(id(req), None)
 
     def reserve(self, req: Request) -> bool:
         """Take the working state slot before binding; False when none can be had."""
@@ -115,8 +146,9 @@ class ComponentMemory:
         req.state_slot = slot
         return True
 
-    def bind(self, req: Request, prefix_len: int, swa_prefix: Any) -> None:
+    def bind(self, req: Request, prefix_len: int) -> None:
         """Fill the SWA row with the match's window and the working state from the checkpoint."""
+        swa_prefix = self._swa_prefix.pop(id(req), None)
         if self.swa_table is not None:
             prefix = np.full(prefix_len, -1, dtype=np.int64)
             if swa_prefix is not None and prefix_len:
@@ -235,9 +267,21 @@ class ComponentMemory:
             return None
         return self.swa_table.get_numpy(req.row, 0, aligned)
 
-    def after_insert(self, req: Request, out: Any, aligned: int) -> None:
-        """The tree took (or refused) everything below `aligned`: free what it refused, drop
-        the handed pages from the request."""
+    def insert(
+        self, req: Request, slots: SlotArray, aligned: int, finishing: bool
+    ) -> tuple[int, Any]:
+        """Hand tokens[:aligned] of every component to the tree (FULL `slots`, the SWA row,
+        due checkpoints); free what it refused. Returns (already cached, handle)."""
+        assert self.cache is not None
+        out = self.cache.insert(
+            req.tokens[:aligned],
+            slots,
+            self.swa_row(req, aligned),
+            self.checkpoints_for(req, aligned, finishing),
+            req.namespace,
+            req.options.priority,
+            req.prefix_len,
+        )
         if len(out.swa_free):
             assert self.swa_alloc is not None
             self.swa_alloc.free_slots_of_pages(out.swa_free)
@@ -247,11 +291,15 @@ class ComponentMemory:
         if self.swa_alloc is not None and aligned > req.swa_lo:
             n = (aligned - req.swa_lo) // self.page_size
             self._drop_own_swa(req, min(n, len(req.swa_pages)), free=False)
+        return out.cached, out.handle
 
-    def rewrite_prefix(self, req: Request, m: Any, aligned: int) -> None:
-        """After moving the lock: the SWA row reads the tree's slots (-1 outside the window)."""
-        if self.swa_table is not None and m.swa_slots is not None:
-            self.swa_table.write(req.row, 0, np.asarray(m.swa_slots[:aligned], dtype=np.int64))
+    def rewrite_prefix(self, req: Request, handle: Any) -> None:
+        """After moving the lock to `handle`: the SWA row reads the tree's slots (-1 outside
+        the window)."""
+        if self.swa_table is not None and self.cache is not None:
+            swa = self.cache.swa_slots_of(handle)
+            if swa is not None:
+                self.swa_table.write(req.row, 0, swa)
 
     def release(self, req: Request) -> None:
         """Free everything the request still owns in every component."""

@@ -88,8 +88,7 @@ class Engine:
         )
         max_running = cfg.scheduler.max_running_requests
         self.table = ReqToTokenTable(max_running, max_context, device)
-        comps = None if spec is None else ComponentMemory.components_of(spec)
-        self.cache = setup.make_prefix_cache(cfg.cache, comps)
+        plain = setup.make_prefix_cache(cfg.cache) if spec is None else None
         comp = None
         swa_table = None
         if spec is not None and self.pools is not None:
@@ -100,10 +99,11 @@ class Engine:
                 self.pools,
                 page_size,
                 swa_table,
-                self.cache,
+                setup.make_hybrid_cache(cfg.cache, ComponentMemory.components_of(spec)),
                 cfg.cache.state_checkpoint_interval,
             )
-        self.kv = KVManager(self.allocator, self.table, self.cache, comp)
+        self.kv = KVManager(self.allocator, self.table, plain, comp)
+        self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
         if spec is not None and cfg.tiers_enabled:
             raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
         self.tiers = self.kv.tiers = tier_setup.make_tiers(

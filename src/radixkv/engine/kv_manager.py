@@ -8,8 +8,10 @@ Each page has exactly one owner. A running request's positions [0, prefix_len) a
 (locked through `handle`), [prefix_len, capacity) are its `own_pages`.
 
 Hybrid models (SWA / STATE components) add `comp` (engine/components_kv.py), which owns those
-pools' bookkeeping; the cache is then a RadixCache with the same components, and every call
-that moves data in or out of the tree goes through its *_components methods.
+pools' bookkeeping and the hybrid tree (`radixkv.cache.HybridCache`): every call that moves data
+in or out of that tree goes through it. `cache` is whichever tree there is, seen through the
+contract every design shares (`PrefixIndex`: match, locks, sizes, checks); `plain` is the same
+object when it is a FULL-only cache (`PrefixCache`: insert / evict / reset of FULL slots).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from radixkv.cache.base import PrefixCache
+from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
@@ -36,14 +38,18 @@ class KVManager:
         cache: PrefixCache | None,
         comp: ComponentMemory | None = None,
     ) -> None:
+        """`cache`: the FULL-only prefix cache (None when off, or for a hybrid model, whose
+        tree `comp` holds)."""
+        if comp is not None and cache is not None:
+            raise ValueError("a hybrid model's prefix cache is its ComponentMemory's tree")
         self.allocator = allocator
         self.table = table
-        self.cache = cache
+        self.plain = cache
+        self.cache: PrefixIndex | None = cache if comp is None else comp.cache
         self.page_size = allocator.page_size
         self.comp = comp
         if comp is not None:
             comp.full_alloc = allocator
-        self._swa_prefix: dict[int, Any] = {}  # id(req) -> matched SWA slots, until bind
         # Host/storage tiers (engine/tiers.py); hooks: on_insert, on_evict, on_l1_hit, extend.
         self.tiers: TierManager | None = None
 
@@ -57,23 +63,16 @@ class KVManager:
         """`num_pages` pages, evicting unlocked cached prefixes when short; None if impossible."""
         pages = self.allocator.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
-            short = num_pages - self.allocator.free_pages
+            short = (num_pages - self.allocator.free_pages) * self.page_size
             if self.comp is not None:
-                self._evict_full(short * self.page_size)
-            else:
-                evicted = self.cache.evict(short * self.page_size)
+                self.comp.evict_full(short)
+            elif self.plain is not None:
+                evicted = self.plain.evict(short)
                 if self.tiers is not None:  # write_back demotes before the slots are freed
                     self.tiers.on_evict(evicted)
                 self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
-
-    def _evict_full(self, num_tokens: int) -> None:
-        assert self.cache is not None
-        if self.comp is None:
-            self.allocator.free_slots_of_pages(self.cache.evict(num_tokens))
-            return
-        self.comp._free(self.cache.evict_components(full_tokens=num_tokens))  # type: ignore[attr-defined]
 
     @staticmethod
     def capacity(req: Request, page_size: int) -> int:
@@ -85,13 +84,14 @@ class KVManager:
         if self.cache is None:
             return 0, np.empty(0, dtype=np.int64)
         query = req.tokens[: len(req.tokens) - 1]
-        m = self.cache.match(query, req.namespace)
+        m: MatchResult
+        if self.comp is not None:
+            m = self.comp.match(req, query)
+        else:
+            m = self.cache.match(query, req.namespace)
         if m.length > 0:
             self.cache.lock(m.handle)
             req.handle = m.handle
-        if self.comp is not None:
-            self.comp.on_match(req, m)
-            self._swa_prefix[id(req)] = m.swa_slots
         slots = np.asarray(m.slots[: m.length], dtype=np.int64)
         if self.tiers is None:
             return m.length, slots
@@ -106,7 +106,8 @@ class KVManager:
         if req.handle is not None and self.cache is not None:
             self.cache.unlock(req.handle)
         req.handle = None
-        self._swa_prefix.pop(id(req), None)
+        if self.comp is not None:
+            self.comp.forget_match(req)
 
     def bind(
         self, req: Request, prefix_len: int, prefix_slots: np.ndarray, pages: list[int]
@@ -117,7 +118,7 @@ class KVManager:
         self.table.write(row, prefix_len, self.allocator.page_slots(pages))
         req.row, req.prefix_len, req.kv_len, req.own_pages = row, prefix_len, prefix_len, pages
         if self.comp is not None:
-            self.comp.bind(req, prefix_len, self._swa_prefix.pop(id(req), None))
+            self.comp.bind(req, prefix_len)
 
     def grow(self, req: Request, new_len: int) -> bool:
         """Make sure positions < new_len have slots; False (nothing changed) if out of memory."""
@@ -175,27 +176,18 @@ class KVManager:
         )
 
     # -- handing computed KV to the cache -----------------------------------------------------
-    def _insert(self, req: Request, aligned: int, finishing: bool = False) -> int:
+    def _insert(self, req: Request, aligned: int, finishing: bool = False) -> tuple[int, Any]:
         """Insert tokens[:aligned] with their slots; free our duplicate pages; return how many
-        leading pages of `own_pages` the cache now owns or were freed (the tree adopted them)."""
-        assert self.cache is not None
+        leading pages of `own_pages` the cache now owns or were freed (the tree adopted them),
+        and the handle covering tokens[:aligned]."""
         slots = self.table.get_numpy(req.row, 0, aligned)
-        if self.comp is None:
-            cached = self.cache.insert(
+        if self.comp is not None:
+            cached, handle = self.comp.insert(req, slots, aligned, finishing)
+        else:
+            assert self.plain is not None
+            cached, handle = self.plain.insert(
                 req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
             )
-        else:
-            out = self.cache.insert_components(  # type: ignore[attr-defined]
-                req.tokens[:aligned],
-                slots,
-                self.comp.swa_row(req, aligned),
-                self.comp.checkpoints_for(req, aligned, finishing),
-                req.namespace,
-                req.options.priority,
-                req.prefix_len,
-            )
-            cached = out.cached
-            self.comp.after_insert(req, out, aligned)
         if self.tiers is not None:
             self.tiers.on_insert(req, slots, cached, aligned)
         if cached < req.prefix_len:
@@ -213,7 +205,7 @@ class KVManager:
         dup_pages = (min(cached, aligned) - req.prefix_len) // self.page_size
         if dup_pages:
             self.allocator.free_page_ids(req.own_pages[:dup_pages])
-        return (aligned - req.prefix_len) // self.page_size
+        return (aligned - req.prefix_len) // self.page_size, handle
 
     def commit_prefix(self, req: Request) -> None:
         """After a prefill chunk: move the computed whole pages into the cache and the lock onto
@@ -223,20 +215,14 @@ class KVManager:
         aligned = req.kv_len // self.page_size * self.page_size
         if aligned <= req.prefix_len:
             return
-        handed = self._insert(req, aligned)
-        if self.comp is None:
-            m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
-        else:
-            m = self.cache.match_path(req.tokens[:aligned], req.namespace)  # type: ignore[attr-defined]
-        if m.length != aligned:
-            raise RuntimeError(f"prefix just inserted ({aligned}) matched only {m.length}")
-        self.cache.lock(m.handle)
+        handed, handle = self._insert(req, aligned)
+        self.cache.lock(handle)
         self.unlock(req)
-        req.handle = m.handle
+        req.handle = handle
         # The duplicate range now reads the tree's slots (same tokens, same positions → same KV).
-        self.table.write(req.row, 0, np.asarray(m.slots[:aligned], dtype=np.int64))
+        self.table.write(req.row, 0, self.cache.slots_of(handle))
         if self.comp is not None:
-            self.comp.rewrite_prefix(req, m, aligned)
+            self.comp.rewrite_prefix(req, handle)
         req.own_pages = req.own_pages[handed:]
         req.prefix_len = aligned
 
@@ -246,9 +232,10 @@ class KVManager:
         handed = 0
         if self.cache is not None:
             aligned = req.kv_len // self.page_size * self.page_size
+            handle = req.handle  # covers prefix_len, which is aligned when nothing is new
             if aligned > req.prefix_len:
-                handed = self._insert(req, aligned, finishing=True)
-            self._hold_session(req, aligned)
+                handed, handle = self._insert(req, aligned, finishing=True)
+            self._hold_session(req, aligned, handle)
         if handed < len(req.own_pages):
             self.allocator.free_page_ids(req.own_pages[handed:])
         if self.comp is not None:
@@ -257,16 +244,15 @@ class KVManager:
         self.table.free_row(req.row)
         req.row, req.kv_len, req.prefix_len, req.own_pages = -1, 0, 0, []
 
-    def _hold_session(self, req: Request, aligned: int) -> None:
+    def _hold_session(self, req: Request, aligned: int, handle: Any) -> None:
         """A request with a session_id leaves a session reference on the prefix it cached
-        (session-aware eviction keeps it ahead of unreferenced prefixes until the close)."""
+        (`handle`; session-aware eviction keeps it ahead of unreferenced prefixes until the
+        close)."""
         sid = req.options.session_id
         hold = getattr(self.cache, "hold_session", None)
         if sid is None or hold is None or aligned <= 0:
             return
-        assert self.cache is not None
-        m = self.cache.match(req.tokens[:aligned], req.namespace, record=False)
-        hold(sid, m.handle)
+        hold(sid, handle)
 
     def close_session(self, session_id: str) -> bool:
         """Drop the session's reference; False if the cache holds none for it."""
@@ -276,19 +262,14 @@ class KVManager:
     # -- whole-pool operations ----------------------------------------------------------------
     def flush(self, idle: bool) -> None:
         """Drop every unlocked cached prefix (everything, when no request holds a lock)."""
-        if self.cache is None:
-            return
         if self.comp is not None:
-            c: Any = self.cache
-            everything = 1 << 62
-            freed = c.reset_components() if idle else c.evict_components(everything, everything)
-            self.comp._free(freed)
-            if not idle:
-                self.comp._free(c.evict_components(checkpoints=everything))
+            self.comp.flush(idle)
+        elif self.plain is None:
+            return
         elif idle:
-            self.allocator.free_slots_of_pages(self.cache.reset())
+            self.allocator.free_slots_of_pages(self.plain.reset())
         else:
-            evicted = self.cache.evict(self.cache.evictable_size)
+            evicted = self.plain.evict(self.plain.evictable_size)
             if self.tiers is not None:
                 self.tiers.on_evict(evicted, demote=False)
             self.allocator.free_slots_of_pages(evicted)

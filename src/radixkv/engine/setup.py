@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from radixkv.cache.base import PrefixCache
+from radixkv.cache.components import Components, HybridPrefixCache
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.types import SamplingParams
 from radixkv.memory.pool import KVPoolConfig
@@ -89,19 +90,25 @@ def num_slots(cfg: CacheConfig, model_config: Any, dtype: torch.dtype) -> int:
     return n
 
 
-def make_prefix_cache(cfg: CacheConfig, components: Any = None) -> PrefixCache | None:
-    """The prefix cache; a hybrid model's `components` (cache.components.Components) need the
-    radix tree, which holds every component on one tree."""
+def make_prefix_cache(cfg: CacheConfig) -> PrefixCache | None:
+    """The FULL-only prefix cache of `cfg.kind` (None when prefix caching is off)."""
     if not cfg.prefix_cache_enabled:
         return None
-    from radixkv.cache import RadixCache, make_cache
+    from radixkv.cache import make_cache
 
-    if components is not None and components.hybrid:
-        if cfg.kind != "radix":
-            raise ValueError(f"hybrid models need --cache radix (got {cfg.kind!r})")
-        return RadixCache(cfg.page_size, cfg.eviction_policy, components)
-    cache: PrefixCache = make_cache(cfg.kind, cfg.page_size, cfg.eviction_policy)
-    return cache
+    return make_cache(cfg.kind, cfg.page_size, cfg.eviction_policy)
+
+
+def make_hybrid_cache(cfg: CacheConfig, components: Components) -> HybridPrefixCache | None:
+    """A hybrid model's prefix cache: the hybrid radix tree, which holds every component on
+    one tree (None when prefix caching is off)."""
+    if not cfg.prefix_cache_enabled:
+        return None
+    if cfg.kind != "radix":
+        raise ValueError(f"hybrid models need --cache radix (got {cfg.kind!r})")
+    from radixkv.cache import HybridCache
+
+    return HybridCache(components, cfg.page_size, cfg.eviction_policy)
 
 
 def hybrid_spec(model_config: Any, cfg: EngineConfig | None = None) -> Any:

@@ -235,11 +235,11 @@ class TierManager:
         host_pages: list[int],
         dev_pages: list[int],
     ) -> tuple[int, np.ndarray]:
-        cache = kv.cache
+        cache = kv.plain
         assert cache is not None
         new_len = length + len(dev_pages) * self.page_size
         full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
-        cached = cache.insert(
+        cached, _ = cache.insert(
             req.tokens[:new_len], full, req.namespace, priority=req.options.priority
         )
         if cached != length:  # single-threaded: the locked prefix is exactly what was there

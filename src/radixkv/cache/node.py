@@ -1,13 +1,17 @@
-"""The radix tree's node and its edge comparison (split out of radix.py)."""
+"""The node both radix trees are made of (plain and hybrid), and the edge comparison their walks
+share. An edge holds a whole number of pages of tokens; per-component data (`swa`, `ckpt`) is
+left at its empty value by the plain tree."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.keys import EMPTY_SLOTS, TOKEN_BYTES
-from radixkv.cache.leafqueue import Entry
+
+if TYPE_CHECKING:
+    from radixkv.cache.leafqueue import Entry
 
 
 def common_pages(q: bytes, pos: int, key: bytes, limit: int, pb: int) -> int:
@@ -73,7 +77,7 @@ class Node:
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
         # Hybrid components (radixkv.cache.hybrid): SWA slot per token (-1 = tombstone) and the
-        # STATE checkpoint valid at this node's end (-1 = none). Unused by the FULL-only cache.
+        # STATE checkpoint valid at this node's end (-1 = none). Unused by the plain cache.
         self.swa: SlotArray | None = None
         self.ckpt = -1
         # Tokens above this edge (0 for a root's children): "head blocks are worth more".
@@ -86,6 +90,11 @@ class Node:
         self.born = clock  # policy-owned: e.g. the tick its current life began
         self.kind = 0  # policy-owned: e.g. the class of its current life
         self.anchors: list[Any] | None = None
+
+
+def is_lock_end(node: Node) -> bool:
+    """Some handle is locked exactly at `node` (its lock count exceeds its children's sum)."""
+    return node.lock > sum(c.lock for c in node.children.values())
 
 
 class Root(Node):
