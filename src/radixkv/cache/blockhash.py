@@ -23,6 +23,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from radixkv.cache.base import CacheStats, InsertResult, MatchResult, SlotArray
+from radixkv.cache.integrity import check_blockhash
 from radixkv.cache.keys import (
     TOKEN_BYTES,
     StatsLedger,
@@ -301,6 +302,13 @@ class BlockHashCache:
         return concat_slots(parts)
 
     def check_integrity(self) -> None:
-        from radixkv.cache.integrity import check_blockhash
-
-        check_blockhash(self)
+        """Verify every invariant (module docstring); AssertionError names the first one
+        broken."""
+        check_blockhash(
+            self._roots,
+            self._blocks,
+            self._free,
+            self._first_blocks,
+            self.page_size,
+            (self.evictable_size, self.protected_size),
+        )

@@ -13,7 +13,7 @@ import numpy as np
 from radixkv.cache.keys import TOKEN_BYTES
 
 if TYPE_CHECKING:
-    from radixkv.cache.blockhash import BlockHashCache
+    from radixkv.cache.blockhash import Block
     from radixkv.cache.leafqueue import LeafQueue
     from radixkv.cache.node import Node, Root
     from radixkv.cache.policies import EvictionPolicy
@@ -110,15 +110,24 @@ def check_tree(
         )
 
 
-def check_blockhash(cache: BlockHashCache) -> None:
-    page = cache.page_size
+def check_blockhash(
+    roots: dict[Any, int],
+    blocks: dict[Any, Block],
+    free: dict[int, Block],
+    first_blocks: dict[int, int],
+    page: int,
+    sizes: tuple[int, int],
+) -> None:
+    """The block-hash cache's invariants (see blockhash.py) from its namespace root ids, block
+    table, free queue (oldest first), first-block counts, page size and (evictable, protected)
+    sizes."""
     evictable = protected = 0
     children: dict[int, int] = {}
     parts = []
-    root_ids = set(cache._roots.values())
-    if len(root_ids) != len(cache._roots):
+    root_ids = set(roots.values())
+    if len(root_ids) != len(roots):
         _fail("two namespaces share a root id")
-    for key, block in cache._blocks.items():
+    for key, block in blocks.items():
         parent_id, tokens = key
         if block.key != key or not block.alive:
             _fail(f"block {block.block_id} is filed under a foreign key or dead")
@@ -129,18 +138,18 @@ def check_blockhash(cache: BlockHashCache) -> None:
             if parent_id not in root_ids:
                 _fail(f"first block {block.block_id} chains to unknown root {parent_id}")
         else:
-            if parent.block_id != parent_id or cache._blocks.get(parent.key) is not parent:
+            if parent.block_id != parent_id or blocks.get(parent.key) is not parent:
                 _fail(f"block {block.block_id} chains to a parent not in the table")
             if parent.ref < block.ref:
                 _fail(f"block {block.block_id} ref {block.ref} exceeds its parent's")
             if parent.namespace != block.namespace:
                 _fail(f"block {block.block_id} crosses namespaces")
             children[parent.block_id] = children.get(parent.block_id, 0) + 1
-        if cache._roots.get(block.namespace) != _root_id(cache, block):
+        if roots.get(block.namespace) != _root_id(block):
             _fail(f"block {block.block_id} chain does not start at its namespace root")
         if block.ref < 0:
             _fail(f"block {block.block_id} has negative ref {block.ref}")
-        in_queue = block.block_id in cache._free
+        in_queue = block.block_id in free
         if in_queue != (block.ref == 0):
             _fail(f"block {block.block_id} (ref {block.ref}) free-queue membership is wrong")
         if block.ref:
@@ -149,33 +158,30 @@ def check_blockhash(cache: BlockHashCache) -> None:
             evictable += page
         parts.append(block.slots)
     firsts: dict[int, int] = {}
-    for block in cache._blocks.values():
+    for block in blocks.values():
         if block.parent is None:
             firsts[block.key[0]] = firsts.get(block.key[0], 0) + 1
-    if firsts != cache._first_blocks or set(firsts) != root_ids:
+    if firsts != first_blocks or set(firsts) != root_ids:
         _fail("namespace roots and their first-block counts disagree (or an empty root is kept)")
-    for block in cache._blocks.values():
+    for block in blocks.values():
         if block.num_children != children.get(block.block_id, 0):
             _fail(f"block {block.block_id} child count {block.num_children} is wrong")
-    if len(cache._free) != sum(1 for b in cache._blocks.values() if b.ref == 0):
+    if len(free) != sum(1 for b in blocks.values() if b.ref == 0):
         _fail("free queue holds blocks that are not in the table")
     # Free-queue order: every unreferenced block comes after all its unreferenced descendants,
     # so the front of the queue never has cached children.
-    position = {bid: i for i, bid in enumerate(cache._free)}
-    for block in cache._blocks.values():
+    position = {bid: i for i, bid in enumerate(free)}
+    for block in blocks.values():
         parent = block.parent
         if block.ref == 0 and parent is not None and parent.ref == 0:  # noqa: SIM102
             if position[parent.block_id] < position[block.block_id]:
                 _fail(f"free queue has block {parent.block_id} before its child")
-    if (evictable, protected) != (cache.evictable_size, cache.protected_size):
-        _fail(
-            f"sizes (evictable, protected) = ({cache.evictable_size}, {cache.protected_size}) "
-            f"but recomputed ({evictable}, {protected})"
-        )
+    if (evictable, protected) != sizes:
+        _fail(f"sizes (evictable, protected) = {sizes} but recomputed ({evictable}, {protected})")
     check_unique_slots(parts)
 
 
-def _root_id(cache: BlockHashCache, block: Any) -> int:
+def _root_id(block: Any) -> int:
     while block.parent is not None:
         block = block.parent
     return int(block.key[0])

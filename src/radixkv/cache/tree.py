@@ -298,6 +298,11 @@ class RadixTree:
     # ---------------------------------------------------------------- sizes, stats, checks
 
     @property
+    def clock(self) -> int:
+        """The logical clock: one tick per recorded match and per insert."""
+        return self._clock
+
+    @property
     def evictable_size(self) -> int:
         return self._evictable
 

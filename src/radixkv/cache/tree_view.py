@@ -115,7 +115,7 @@ def tree_view(cache: Any, top_k: int = 40, max_depth: int = 8, key: bytes = b"")
     """
     top_k = max(0, min(int(top_k), MAX_TOP_K))
     max_depth = max(1, min(int(max_depth), MAX_DEPTH))
-    clock = int(getattr(cache, "_clock", 0))
+    clock = int(getattr(cache, "clock", 0))
     stats, spaces = _gather(cache, key)
     eligible = (s for s in stats if s.depth <= max_depth)
     chosen = heapq.nsmallest(top_k, eligible, key=lambda s: (-s.subtree_tokens, s.depth))
