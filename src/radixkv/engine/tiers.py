@@ -1,19 +1,22 @@
 """The hierarchical cache: host memory (L2) and storage (L3) beside the radix tree (L1).
 
-The tiers are indexed by chained page hashes (`radixkv.cache.tiers`), so the tree only needs
-two hooks, both in KVManager: pages the tree adopted (`on_insert`) and pages it evicted
-(`on_evict`, before they are freed). Page flow:
+The tiers are called and never call back: they own L2 (host pages) and the L3 traffic, never a
+device slot, the tree or a request's lock; they import neither the tree nor the KV manager.
+They are indexed by chained page hashes (`radixkv.cache.tiers`), and the KV manager, the only
+code that moves device slots, tells them what the tree did: pages it adopted (`on_insert`),
+pages it is about to free (`on_evict`), pages a match hit (`on_l1_hit`). Page flow:
 
 - write_through: every page the tree adopts is copied to L2 at once; write_through_selective:
   on its first L1 hit (its second use); write_back: when L1 evicts it. Copies to L2 are
   synchronous, so a page leaves L1 only with its L2 copy complete. With L3, each new L2 page is
   also written to storage; the L2 page is pinned (not evictable) until the write is confirmed.
-- match: after the L1 match, `extend` continues page by page through L2, loads those pages into
-  fresh device pages and inserts them into the tree (locked for the request) before the forward.
+- match: after the L1 match, `plan_load` names the L2 pages that continue it (a `LoadPlan`);
+  the KV manager allocates device pages for them, `load` copies them down, and the KV manager
+  inserts them into the tree and moves the request's lock onto the longer prefix.
 - L3: `start_prefetch` (at arrival) fetches the pages past L1/L2 on the storage thread and
   decides, by the prefetch policy (`radixkv.engine.prefetch`), whether the request waits for them;
-  verified payloads land in L2 when the engine polls, where `extend` finds them. What L1 and L2
-  hold is never waited for (a held request's L2 pages are pinned until its admission); what has
+  verified payloads land in L2 when the engine polls, where `plan_load` finds them. What L1 and
+  L2 hold is never waited for (a held request's L2 pages are pinned until its match); what has
   not arrived by admission is recomputed.
 
 Device map invariant: `_dev_hash[p]` exists only for device pages the tree owns (adopted on
@@ -26,7 +29,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -38,9 +41,6 @@ from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 from radixkv.storage import PageMeta, make_backend
 from radixkv.storage.worker import FetchDone, StorageWorker, WriteDone
-
-if TYPE_CHECKING:
-    from radixkv.engine.kv_manager import KVManager
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,14 @@ class TierCounters:
     host_saved_pages: int = 0
     prefetch_started: int = 0
     prefetch_pages: int = 0
+
+
+@dataclass
+class LoadPlan:
+    """L2 pages that continue one choice's L1 match, in prompt order (`TierManager.plan_load`)."""
+
+    key: tuple[str, int]  # the choice (request id, index)
+    host_pages: list[int]
 
 
 class TierManager:
@@ -100,6 +108,11 @@ class TierManager:
             )
             self.worker = StorageWorker(make_backend(*storage, timeout_s=storage_timeout_s), meta)
             self.prefetch.fetch_batch = self.worker.fetch_batch
+
+    @property
+    def has_storage(self) -> bool:
+        """An L3 backend is attached (prefetches and writes go to it)."""
+        return self.worker is not None
 
     # -- hashes --------------------------------------------------------------------------------
     def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
@@ -185,26 +198,16 @@ class TierManager:
         if not self.worker.submit_write((hp, h), h.hex(), lambda: host.page_payload(hp)):
             self.index.unpin(hp)
 
-    # -- match through the tiers ---------------------------------------------------------------
-    def extend(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
-    ) -> tuple[int, np.ndarray]:
-        """Continue a locked L1 match of req through L2: load the following pages found in the
-        host index into fresh device pages, insert them into the tree, move req's lock onto the
-        longer prefix. Returns the new (length, slots); unchanged when nothing was found."""
-        try:
-            return self._extend(kv, req, length, slots)
-        finally:
-            self._unpin_request(req.request_id)  # its prefetched pages have served their turn
-
-    def _extend(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
-    ) -> tuple[int, np.ndarray]:
+    # -- loading L2 pages back (a plan the KV manager carries out) --------------------------
+    def plan_load(self, req: Request, length: int) -> LoadPlan | None:
+        """The L2 pages that continue req's L1 match of `length` tokens, in order, or None.
+        The plan reserves them (pinned) until `load`: the device pages the KV manager then
+        allocates for it may evict L1 pages into L2, which must not push the planned ones out."""
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
         start = length // ps
-        if start >= n_pages or kv.cache is None:
-            return length, slots
+        if start >= n_pages:
+            return None
         hs = self.hashes(req, n_pages * ps)
         host_pages: list[int] = []
         for h in hs[start:]:
@@ -213,70 +216,50 @@ class TierManager:
                 break
             host_pages.append(hp)
         if not host_pages:
-            return length, slots
-        for hp in host_pages:  # device allocation may write back into L2: keep ours
-            self.index.pin(hp)
-        try:
-            dev_pages = kv.alloc(len(host_pages))
-            if dev_pages is None:
-                return length, slots
-            self.host.load(host_pages, dev_pages)
-        finally:
-            for hp in host_pages:
-                self.index.unpin(hp)
-        return self._adopt(kv, req, length, slots, host_pages, dev_pages)
-
-    def _adopt(
-        self,
-        kv: KVManager,
-        req: Request,
-        length: int,
-        slots: np.ndarray,
-        host_pages: list[int],
-        dev_pages: list[int],
-    ) -> tuple[int, np.ndarray]:
-        cache = kv.cache
-        assert cache is not None
-        new_len = length + len(dev_pages) * self.page_size
-        full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
-        cached = cache.insert(
-            req.tokens[:new_len], full, req.namespace, priority=req.options.priority
-        )
-        if cached != length:  # single-threaded: the locked prefix is exactly what was there
-            raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
-        hs = self.hashes(req, new_len)[length // self.page_size :]
-        for p, h in zip(dev_pages, hs, strict=True):
-            self._dev_hash[p] = h
-        m = cache.match(req.tokens[:new_len], req.namespace, record=False)
-        cache.lock(m.handle)
-        kv.unlock(req)
-        req.handle = m.handle
-        split = self._loaded.setdefault(_key(req), [0, 0])
+            return None
         for hp in host_pages:
-            if self.index.origin(hp) == "storage":
-                split[1] += self.page_size
-                self.counters.storage_hit_tokens += self.page_size
-                self.index.mark_origin(hp, "device")  # later reuse of this copy is an L2 hit
-            else:
-                split[0] += self.page_size
-                self.counters.host_hit_tokens += self.page_size
-        return new_len, np.asarray(m.slots[:new_len], dtype=np.int64)
+            self.index.pin(hp)
+        return LoadPlan(_key(req), host_pages)
+
+    def load(self, plan: LoadPlan, dev_pages: list[int] | None) -> None:
+        """Copy the plan's L2 pages into `dev_pages` (fresh device pages, one per planned page;
+        None: the KV manager found none, nothing is copied) and end the plan's reservation. The
+        KV manager then inserts them into the tree, which reports them through `on_insert`."""
+        try:
+            if dev_pages is None:
+                return
+            self.host.load(plan.host_pages, dev_pages)
+            split = self._loaded.setdefault(plan.key, [0, 0])
+            for hp in plan.host_pages:
+                if self.index.origin(hp) == "storage":
+                    split[1] += self.page_size
+                    self.counters.storage_hit_tokens += self.page_size
+                    self.index.mark_origin(hp, "device")  # later reuse of this copy: an L2 hit
+                else:
+                    split[0] += self.page_size
+                    self.counters.host_hit_tokens += self.page_size
+        finally:
+            for hp in plan.host_pages:
+                self.index.unpin(hp)
+
+    def end_match(self, req: Request) -> None:
+        """req's match through the tiers is over: its prefetched L2 pages have served their
+        turn (they were pinned from its hold until now)."""
+        self._unpin_request(req.request_id)
 
     # -- L3 prefetch ---------------------------------------------------------------------------
-    def start_prefetch(self, kv: KVManager, req: Request) -> float | None:
-        """At arrival: ask storage for the prompt's pages past what L1 and L2 hold, and decide by
-        the prefetch policy whether `req` waits for them. Returns the longest it may be held
-        (seconds; poll() lands its pages in L2, `end_hold` ends the hold), or None: schedule it
-        now. Only the storage part is waited for; a held request's L2 pages are pinned until
-        its admission, so the wait cannot cost it what L2 already had."""
+    def start_prefetch(self, req: Request, l1_tokens: int) -> float | None:
+        """At arrival (`l1_tokens`: the prompt's page-floored L1 match): ask storage for the
+        prompt's pages past what L1 and L2 hold, and decide by the prefetch policy whether `req`
+        waits for them. Returns the longest it may be held (seconds; poll() lands its pages in
+        L2, `end_hold` ends the hold), or None: schedule it now. Only the storage part is waited
+        for; a held request's L2 pages are pinned until its match (`end_match`), so the wait
+        cannot cost it what L2 already had."""
         if self.worker is None:
             return None
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
-        have = 0
-        if kv.cache is not None:
-            query = req.tokens[: n_pages * ps]
-            have = kv.cache.match(query, req.namespace, record=False).length // ps
+        have = l1_tokens // ps
         hs = self.hashes(req, n_pages * ps)
         in_l2: list[int] = []
         while have < n_pages:
@@ -414,14 +397,14 @@ class TierManager:
             out.update(self.prefetch.stats())
         return out
 
-    def check(self, tree_pages: set[int]) -> None:
-        """Host census balances; every device page in the map is one the tree owns now."""
+    def check(self) -> None:
+        """The host census balances (the device pages it maps: `device_pages`)."""
         self.index.check()
-        stale = set(self._dev_hash) - tree_pages
-        if stale:
-            raise RuntimeError(
-                f"tier map names device pages the tree does not own: {sorted(stale)[:8]}"
-            )
+
+    def device_pages(self) -> set[int]:
+        """The device pages the tiers know the hashes of; each must be one the tree owns now
+        (checked by the KV manager), so a slot is never copied after it was freed."""
+        return set(self._dev_hash)
 
 
 def _key(req: Request) -> tuple[str, int]:
