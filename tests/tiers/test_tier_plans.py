@@ -1,18 +1,23 @@
 """The tiers are called and never call back: a TierManager works with no KV manager and no tree
 at all (it is handed slots and returns load plans), a load plan keeps its L2 pages through the
-write-back demotion its own device allocation may cause, and the tiers module imports neither
-the tree nor the KV manager."""
+write-back demotion its own device allocation may cause, the tiers modules import neither the
+tree nor the KV manager, and a request the KV manager holds for its storage pages can be
+aborted there."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
+from engine_helpers import GREEDY
+from tier_helpers import SlowBackend, prompts, reference, run_one_by_one, tier_engine
 
+import radixkv.engine.storage_tier as storage_tier_mod
 import radixkv.engine.tiers as tiers_mod
 from radixkv.engine.tier_setup import NoTiers
 from radixkv.engine.tiers import TierManager
@@ -100,10 +105,10 @@ def test_no_tiers_is_a_null_object_with_the_same_methods() -> None:
     assert not null.has_storage and null.close(set())
 
 
-def test_tiers_import_neither_the_tree_nor_the_kv_manager() -> None:
-    src = Path(tiers_mod.__file__).read_text()
+@pytest.mark.parametrize("module", [tiers_mod, storage_tier_mod])
+def test_tiers_import_neither_the_tree_nor_the_kv_manager(module: ModuleType) -> None:
     imported: set[str] = set()
-    for node in ast.walk(ast.parse(src)):
+    for node in ast.walk(ast.parse(Path(str(module.__file__)).read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module)
         elif isinstance(node, ast.Import):
@@ -111,3 +116,37 @@ def test_tiers_import_neither_the_tree_nor_the_kv_manager() -> None:
     banned = ("radixkv.engine.kv_manager", "radixkv.cache.radix", "radixkv.cache.hybrid")
     assert not [m for m in imported if m.startswith(banned)], imported
     assert not [m for m in imported if m == "radixkv.cache" or m == "radixkv.cache.base"]
+
+
+def test_request_aborted_while_held_for_storage_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The KV manager holds a request for its L3 pages; aborting it there ends the hold (it is
+    no longer counted as waiting), pins nothing in L2, and the same prompt later still gets
+    the right output from the pages its fetch landed."""
+    flags = {
+        "hicache_storage_backend": "file",
+        "hicache_storage_url": str(tmp_path / "l3"),
+        "hicache_storage_prefetch_policy": "wait_complete",
+    }
+    x = prompts(seed=3, n=1)[0]
+    want = reference(seed=3, n=1)
+    a = tier_engine(**flags)
+    assert run_one_by_one(a, seed=3, n=1) == want and a.close()
+    e = tier_engine(**flags)
+    assert e.tiers is not None and e.tiers.worker is not None
+    e.tiers.worker.backend = SlowBackend(e.tiers.worker.backend, delay_s=0.3, hits_only=True)
+    rid = e.add_request(x, GREEDY)
+    assert len(e.kv.held) == 1 and e.metrics().waiting_requests == 1
+    assert e.step() == [] and len(e.kv.held) == 1  # still fetching
+    assert e.abort(rid)
+    deltas = e.step()
+    assert [(d.request_id, d.finish_reason) for d in deltas] == [(rid, "abort")]
+    assert not e.has_unfinished() and len(e.kv.held) == 0
+    assert e.metrics().waiting_requests == 0
+    e.check_memory()
+    assert run_one_by_one(e, seed=3, n=1) == want
+    assert e.metrics().cached_tokens_by_tier["storage"] > 0
+    e.tiers.worker.drain_writes(10.0)
+    e.tiers.poll()
+    assert e.metrics().tier_stats["host_held_pages"] == 0
+    e.check_memory()
+    assert e.close()

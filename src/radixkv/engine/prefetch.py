@@ -261,6 +261,8 @@ class PrefetchHold:
     def due(self, pending: Callable[[str], bool]) -> list[Request]:
         """Take out, in arrival order, the held requests whose fetch is no longer `pending` or
         whose deadline has passed."""
+        if not self._held:
+            return []
         now = time.monotonic()
         out = [r for rid, (r, end) in self._held.items() if not pending(rid) or now >= end]
         for r in out:
