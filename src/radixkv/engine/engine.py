@@ -19,6 +19,7 @@ from radixkv.engine.logits import next_tokens
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
 from radixkv.engine.scheduler import Scheduler
+from radixkv.engine.tiers import TierManager
 from radixkv.engine.types import (
     EngineConfig,
     EngineMetrics,
@@ -102,16 +103,13 @@ class Engine:
                 setup.make_hybrid_cache(cfg.cache, ComponentMemory.components_of(spec)),
                 cfg.cache.state_checkpoint_interval,
             )
-        self.kv = KVManager(self.allocator, self.table, plain, comp)
-        self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
         if spec is not None and cfg.tiers_enabled:
             raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
-        self.tiers = self.kv.tiers = tier_setup.make_tiers(
+        tiers = tier_setup.make_tiers(
             cfg.cache, self.pool, self.lm, cfg.scheduler.chunked_prefill_size
         )
-        # Requests held back until their L3 prefetch lands or their bound passes (per the
-        # prefetch policy: radixkv.engine.prefetch).
-        self._prefetching: dict[str, tuple[Request, float]] = {}
+        self.kv = KVManager(self.allocator, self.table, plain, comp, tiers)
+        self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
         self._tier_hits = {"device": 0, "host": 0, "storage": 0}
         self.scheduler = Scheduler(cfg.scheduler, self.kv)
         if self.cache is not None and cfg.cache.regret_window > 0:
@@ -147,7 +145,7 @@ class Engine:
         ids = self.tokenizer.encode(prompt_ids) if isinstance(prompt_ids, str) else prompt_ids
         ids = self._validate_prompt(ids, sampling)
         if (
-            len(self.scheduler.waiting) + len(self._prefetching)
+            len(self.scheduler.waiting) + len(self.kv.held)
             >= self.config.scheduler.max_queued_requests
         ):
             raise RequestError("too many queued requests; retry later", code=503)
@@ -169,27 +167,18 @@ class Engine:
             self._grammar = choices.make_grammar(self)
         return self._grammar
 
-    def _queue(self, req: Request) -> None:
-        """To the scheduler, or first to the prefetch hold when L3 may have pages past what L1
-        and L2 hold and the policy waits for them (never longer than its bound: no request
-        hangs)."""
-        bound = self.tiers.start_prefetch(self.kv, req) if self.tiers is not None else None
-        if bound is None:
-            self.scheduler.add(req)
-        else:
-            self._prefetching[req.request_id] = (req, time.monotonic() + bound)
+    @property
+    def tiers(self) -> TierManager | None:
+        """The host/storage tiers, or None when the config asks for none."""
+        t = self.kv.tiers
+        return t if isinstance(t, TierManager) else None
 
-    def _poll_tiers(self) -> None:
-        """Land finished storage I/O; admit held requests whose prefetch is done or timed out."""
-        if self.tiers is None:
-            return
-        self.tiers.poll()
-        now = time.monotonic()
-        for rid, (req, deadline) in list(self._prefetching.items()):
-            if not self.tiers.prefetch_pending(rid) or now >= deadline:
-                del self._prefetching[rid]
-                self.tiers.end_hold(rid)
-                self.scheduler.add(req)
+    def _queue(self, req: Request) -> None:
+        """To the scheduler, or first to the KV manager's prefetch hold when L3 may have pages
+        past what L1 and L2 hold and the policy waits for them (never longer than its bound:
+        no request hangs; `step` hands it to the scheduler when due)."""
+        if not self.kv.hold_for_storage(req):
+            self.scheduler.add(req)
 
     def _validate_prompt(self, ids: Sequence[int], sampling: SamplingParams) -> list[int]:
         choices.validate(sampling, self.config.scheduler.max_n, self.vocab_size)
@@ -218,7 +207,7 @@ class Engine:
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or bool(self._pending) or bool(self._prefetching)
+        return self.scheduler.has_work or bool(self._pending) or bool(self.kv.held)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its last delta (next step()) has finish_reason='abort'."""
@@ -227,7 +216,7 @@ class Engine:
             return False
         for req in group:
             if not req.finished:
-                self._prefetching.pop(req.request_id, None)
+                self.kv.held.drop(req.request_id)
                 self.scheduler.remove(req)  # a choice not forked yet holds nothing
                 self._pending.append(self._finish(req, "abort", []))
         return True
@@ -236,10 +225,11 @@ class Engine:
     def step(self) -> list[StreamDelta]:
         """One scheduler step; deltas for requests that produced tokens or finished."""
         deltas, self._pending = self._pending, []
-        self._poll_tiers()
+        for req in self.kv.poll_tiers():  # held for storage until now
+            self.scheduler.add(req)
         sched = self.scheduler.schedule()
-        if sched.empty and self._prefetching and self.tiers is not None:
-            self.tiers.poll(timeout=0.005)  # only held prefetches left: wait briefly, no spin
+        if sched.empty and self.kv.held:
+            self.kv.tiers.poll(timeout=0.005)  # only held prefetches left: wait briefly, no spin
         if sched.empty:
             if self.scheduler.waiting and not self.scheduler.running:
                 # Unreachable while admission checks hold (every queued request fits the
@@ -265,8 +255,8 @@ class Engine:
             forward_s += now - t0  # the device sync (an async forward) lands here
             for req, tok, lp in zip(reqs, tokens, lps, strict=True):
                 deltas.append(self._on_token(req, tok, lp, now))
-        if self.tiers is not None and sched.num_tokens > len(sched.reqs):  # a step with prefill
-            self.tiers.observe_prefill(sched.num_tokens, forward_s)
+        if sched.num_tokens > len(sched.reqs):  # a step with prefill
+            self.kv.tiers.observe_prefill(sched.num_tokens, forward_s)
         self._maybe_log()
         return deltas
 
@@ -302,8 +292,7 @@ class Engine:
         req.sent_tokens = req.num_output
         group = self._requests.get(req.request_id, [])
         last = all(c.finished for c in group)
-        if self.tiers is not None:
-            self.tiers.forget(req)
+        self.kv.tiers.forget(req)
         if last:
             self._requests.pop(req.request_id, None)
             self._finished_total += 1
@@ -335,7 +324,7 @@ class Engine:
 
     def _count_tier_hits(self, req: Request) -> None:
         """Split the request's cached prompt tokens by the tier they came from."""
-        host, storage = self.tiers.loaded_split(req) if self.tiers else (0, 0)
+        host, storage = self.kv.tiers.loaded_split(req)
         host, storage = min(host, req.cached_tokens), min(storage, req.cached_tokens - host)
         self._tier_hits["device"] += req.cached_tokens - host - storage
         self._tier_hits["host"] += host
@@ -344,10 +333,8 @@ class Engine:
     def close(self, timeout_s: float | None = None) -> bool:
         """Clean shutdown: flush pending L3 writes (bounded) and stop the storage threads; True
         when nothing was left unwritten. The engine must not be stepped afterwards."""
-        if self.tiers is None:
-            return True
         timeout = self.config.cache.hicache_flush_timeout_s if timeout_s is None else timeout_s
-        return self.tiers.close(self.kv.tree_pages(), timeout)
+        return self.kv.tiers.close(self.kv.tree_pages(), timeout)
 
     # -- blocking helpers ----------------------------------------------------------------------
     def generate(
@@ -407,7 +394,7 @@ class Engine:
         s = self.scheduler
         return EngineMetrics(
             running_requests=len(s.running),
-            waiting_requests=len(s.waiting) + len(self._prefetching),
+            waiting_requests=len(s.waiting) + len(self.kv.held),
             pool_slots=self.allocator.num_slots,
             free_slots=self.allocator.free_slots,
             cached_tokens_in_tree=self.cache.total_size if self.cache is not None else 0,
@@ -419,7 +406,7 @@ class Engine:
             finished_requests=self._finished_total,
             component_pools=self._component_pools(),
             cached_tokens_by_tier=dict(self._tier_hits),
-            tier_stats=self.tiers.stats() if self.tiers is not None else {},
+            tier_stats=self.kv.tiers.stats(),
             prefill_tokens_total=s.prefill_tokens_total,
             forked_choices_total=self._forked_total,
             **self._window_fields(),

@@ -7,6 +7,10 @@ Census invariant, after every public call:
 Each page has exactly one owner. A running request's positions [0, prefix_len) are cache-owned
 (locked through `handle`), [prefix_len, capacity) are its `own_pages`.
 
+The host/storage tiers (`tiers`, engine/tiers.py; `NoTiers` when there are none) are told what
+the tree did and hand back load plans; they never move a device slot themselves. Requests held
+at arrival for their storage pages wait in `held` (`hold_for_storage`, `poll_tiers`).
+
 Hybrid models (SWA / STATE components) add `comp` (engine/components_kv.py), which owns those
 pools' bookkeeping and the hybrid tree (`radixkv.cache.HybridCache`): every call that moves data
 in or out of that tree goes through it. `cache` is whichever tree there is, seen through the
@@ -16,18 +20,17 @@ object when it is a FULL-only cache (`PrefixCache`: insert / evict / reset of FU
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
+from radixkv.engine.prefetch import PrefetchHold
 from radixkv.engine.request import Request
+from radixkv.engine.tier_setup import NoTiers, Tiers
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
-
-if TYPE_CHECKING:
-    from radixkv.engine.tiers import TierManager
 
 
 class KVManager:
@@ -37,6 +40,7 @@ class KVManager:
         table: ReqToTokenTable,
         cache: PrefixCache | None,
         comp: ComponentMemory | None = None,
+        tiers: Tiers | None = None,
     ) -> None:
         """`cache`: the FULL-only prefix cache (None when off, or for a hybrid model, whose
         tree `comp` holds)."""
@@ -50,8 +54,8 @@ class KVManager:
         self.comp = comp
         if comp is not None:
             comp.full_alloc = allocator
-        # Host/storage tiers (engine/tiers.py); hooks: on_insert, on_evict, on_l1_hit, extend.
-        self.tiers: TierManager | None = None
+        self.tiers: Tiers = tiers if tiers is not None else NoTiers()
+        self.held = PrefetchHold()
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -68,8 +72,7 @@ class KVManager:
                 self.comp.evict_full(short)
             elif self.plain is not None:
                 evicted = self.plain.evict(short)
-                if self.tiers is not None:  # write_back demotes before the slots are freed
-                    self.tiers.on_evict(evicted)
+                self.tiers.on_evict(evicted)  # write_back demotes before the slots are freed
                 self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
@@ -93,10 +96,66 @@ class KVManager:
             self.cache.lock(m.handle)
             req.handle = m.handle
         slots = np.asarray(m.slots[: m.length], dtype=np.int64)
-        if self.tiers is None:
-            return m.length, slots
         self.tiers.on_l1_hit(slots)
-        return self.tiers.extend(self, req, m.length, slots)
+        try:
+            return self._load_from_tiers(req, m.length, slots)
+        finally:
+            self.tiers.end_match(req)
+
+    def _load_from_tiers(
+        self, req: Request, length: int, slots: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
+        this allocates device pages, the tiers copy them down, this inserts them into the tree
+        and moves req's lock onto the longer prefix. Returns the new (length, slots)."""
+        plan = self.tiers.plan_load(req, length)
+        if plan is None:
+            return length, slots
+        assert self.plain is not None  # the tiers serve FULL-only caches
+        dev_pages = None
+        try:
+            dev_pages = self.alloc(len(plan.host_pages))
+        finally:
+            self.tiers.load(plan, dev_pages)
+        if dev_pages is None:
+            return length, slots
+        new_len = length + len(dev_pages) * self.page_size
+        full = np.concatenate([slots, self.allocator.page_slots(dev_pages)])
+        cached, handle = self.plain.insert(
+            req.tokens[:new_len], full, req.namespace, priority=req.options.priority
+        )
+        if cached != length:  # single-threaded: the locked prefix is exactly what was there
+            raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
+        self.tiers.on_insert(req, full, cached, new_len)
+        # The tree adopted every slot of `full` ([0, length) were its own already).
+        self.plain.lock(handle)
+        self.unlock(req)
+        req.handle = handle
+        return new_len, full
+
+    def hold_for_storage(self, req: Request) -> bool:
+        """At arrival, with L3 storage: start fetching the prompt's pages past what L1 and L2
+        hold; True when the prefetch policy holds `req` for them (`poll_tiers` gives it back,
+        at the latest when its bound passes), False: schedule it now."""
+        if not self.tiers.has_storage:
+            return False
+        l1 = 0
+        if self.cache is not None:
+            query = req.tokens[: (len(req.tokens) - 1) // self.page_size * self.page_size]
+            l1 = self.cache.match(query, req.namespace, record=False).length
+        bound = self.tiers.start_prefetch(req, l1)
+        if bound is not None:
+            self.held.add(req, bound)
+        return bound is not None
+
+    def poll_tiers(self, timeout: float = 0.0) -> list[Request]:
+        """Land finished storage I/O; the held requests now due (prefetch done or bound passed),
+        in arrival order, for the scheduler."""
+        self.tiers.poll(timeout)
+        due = self.held.due(self.tiers.prefetch_pending)
+        for req in due:
+            self.tiers.end_hold(req.request_id)
+        return due
 
     def reserve_components(self, req: Request) -> bool:
         """Hybrid: take what a request needs besides FULL pages before it is bound."""
@@ -188,8 +247,7 @@ class KVManager:
             cached, handle = self.plain.insert(
                 req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
             )
-        if self.tiers is not None:
-            self.tiers.on_insert(req, slots, cached, aligned)
+        self.tiers.on_insert(req, slots, cached, aligned)
         if cached < req.prefix_len:
             raise RuntimeError(
                 f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
@@ -270,11 +328,9 @@ class KVManager:
             self.allocator.free_slots_of_pages(self.plain.reset())
         else:
             evicted = self.plain.evict(self.plain.evictable_size)
-            if self.tiers is not None:
-                self.tiers.on_evict(evicted, demote=False)
+            self.tiers.on_evict(evicted, demote=False)
             self.allocator.free_slots_of_pages(evicted)
-        if self.tiers is not None:
-            self.tiers.flush(device_reset=idle)
+        self.tiers.flush(device_reset=idle)
 
     def census(self, running: list[Request]) -> tuple[int, int, int]:
         """(free, cached-in-tree, held-by-running) slot counts."""
@@ -304,8 +360,11 @@ class KVManager:
             self.comp.check(running)
         if self.cache is not None:
             self.cache.check_integrity()
-        if self.tiers is not None:
-            self.tiers.check(self.tree_pages())
+        self.tiers.check()
+        mapped = self.tiers.device_pages()
+        stale = mapped - self.tree_pages() if mapped else set()
+        if stale:
+            raise RuntimeError(f"tiers map device pages the tree does not own: {sorted(stale)[:8]}")
 
     def tree_pages(self) -> set[int]:
         """Device pages the cache owns now (O(tree): for checks and shutdown)."""

@@ -33,8 +33,13 @@ function of the inputs (`PrefetchPolicy.decide`), unit-tested without storage or
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixkv.engine.request import Request
 
 WAIT_COMPLETE_CAP_S = 60.0  # no request waits forever, even under wait_complete
 COST_AWARE = "cost_aware"
@@ -234,3 +239,32 @@ def _inverse(b: float | None) -> float:
 
 def _or_none(x: float | None) -> float:
     return -1.0 if x is None else x
+
+
+class PrefetchHold:
+    """Requests held back at arrival until their L3 prefetch lands or their bound passes (the
+    policy above decides who is held and for how long; no request is held past its bound)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[Request, float]] = {}  # request id -> (request, deadline)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, req: Request, bound_s: float) -> None:
+        self._held[req.request_id] = (req, time.monotonic() + bound_s)
+
+    def drop(self, request_id: str) -> None:
+        """The request was aborted while held."""
+        self._held.pop(request_id, None)
+
+    def due(self, pending: Callable[[str], bool]) -> list[Request]:
+        """Take out, in arrival order, the held requests whose fetch is no longer `pending` or
+        whose deadline has passed."""
+        if not self._held:
+            return []
+        now = time.monotonic()
+        out = [r for rid, (r, end) in self._held.items() if not pending(rid) or now >= end]
+        for r in out:
+            del self._held[r.request_id]
+        return out

@@ -1,16 +1,18 @@
 """Building the hierarchical cache from the cache section (checked by radixkv.config): L2 size,
-the model fingerprint."""
+the model fingerprint; `NoTiers` stands in when the config asks for none."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
 
+import numpy as np
 import torch
 
 from radixkv.config import CacheConfig
 from radixkv.engine.prefetch import PrefetchPolicy
-from radixkv.engine.tiers import TierManager
+from radixkv.engine.request import Request
+from radixkv.engine.tiers import LoadPlan, TierManager
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 
@@ -46,12 +48,12 @@ def _named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
 
 def make_tiers(
     cfg: CacheConfig, pool: KVPool, lm: Any, chunk_tokens: int = 2048
-) -> TierManager | None:
-    """The TierManager the config asks for, or None. Without enable_hierarchical_cache but with
+) -> TierManager | NoTiers:
+    """The TierManager the config asks for, or NoTiers. Without enable_hierarchical_cache but with
     a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2).
     `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time)."""
     if not cfg.tiers_enabled:
-        return None
+        return NoTiers()
     ps = cfg.page_size
     if cfg.hicache_size is not None:
         pages = HostKVPool.pages_for_bytes(pool, int(cfg.hicache_size * 2**20), ps)
@@ -75,3 +77,67 @@ def make_tiers(
             cfg.hicache_storage_prefetch_policy, cfg.hicache_prefetch_timeout_s, chunk_tokens
         ),
     )
+
+
+class NoTiers:
+    """The tiers when none are configured (a null object, so the KV manager and the engine call
+    the tiers unconditionally): every hook does nothing, nothing is ever found or held."""
+
+    has_storage = False
+
+    def on_insert(self, req: Request, slots: np.ndarray, cached: int, aligned: int) -> None:
+        pass
+
+    def on_l1_hit(self, slots: np.ndarray) -> None:
+        pass
+
+    def on_evict(self, slots: np.ndarray, demote: bool = True) -> None:
+        pass
+
+    def plan_load(self, req: Request, length: int) -> LoadPlan | None:
+        return None
+
+    def load(self, plan: LoadPlan, dev_pages: list[int] | None) -> None:
+        raise AssertionError("NoTiers never plans a load")
+
+    def end_match(self, req: Request) -> None:
+        pass
+
+    def start_prefetch(self, req: Request, l1_tokens: int) -> float | None:
+        return None
+
+    def prefetch_pending(self, request_id: str) -> bool:
+        return False
+
+    def end_hold(self, request_id: str) -> None:
+        pass
+
+    def poll(self, timeout: float = 0.0) -> None:
+        pass
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def forget(self, req: Request) -> None:
+        pass
+
+    def loaded_split(self, req: Request) -> tuple[int, int]:
+        return 0, 0
+
+    def flush(self, device_reset: bool) -> None:
+        pass
+
+    def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def check(self) -> None:
+        pass
+
+    def device_pages(self) -> set[int]:
+        return set()
+
+
+Tiers = TierManager | NoTiers

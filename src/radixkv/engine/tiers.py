@@ -1,32 +1,35 @@
 """The hierarchical cache: host memory (L2) and storage (L3) beside the radix tree (L1).
 
-The tiers are indexed by chained page hashes (`radixkv.cache.tiers`), so the tree only needs
-two hooks, both in KVManager: pages the tree adopted (`on_insert`) and pages it evicted
-(`on_evict`, before they are freed). Page flow:
+The tiers are called and never call back: they own L2 (host pages) and the L3 traffic, never a
+device slot, the tree or a request's lock; they import neither the tree nor the KV manager.
+They are indexed by chained page hashes (`radixkv.cache.tiers`), and the KV manager, the only
+code that moves device slots, tells them what the tree did: pages it adopted (`on_insert`),
+pages it is about to free (`on_evict`), pages a match hit (`on_l1_hit`). Page flow:
 
 - write_through: every page the tree adopts is copied to L2 at once; write_through_selective:
   on its first L1 hit (its second use); write_back: when L1 evicts it. Copies to L2 are
   synchronous, so a page leaves L1 only with its L2 copy complete. With L3, each new L2 page is
   also written to storage; the L2 page is pinned (not evictable) until the write is confirmed.
-- match: after the L1 match, `extend` continues page by page through L2, loads those pages into
-  fresh device pages and inserts them into the tree (locked for the request) before the forward.
-- L3: `start_prefetch` (at arrival) fetches the pages past L1/L2 on the storage thread and
-  decides, by the prefetch policy (`radixkv.engine.prefetch`), whether the request waits for them;
-  verified payloads land in L2 when the engine polls, where `extend` finds them. What L1 and L2
-  hold is never waited for (a held request's L2 pages are pinned until its admission); what has
+- match: after the L1 match, `plan_load` names the L2 pages that continue it (a `LoadPlan`);
+  the KV manager allocates device pages for them, `load` copies them down, and the KV manager
+  inserts them into the tree and moves the request's lock onto the longer prefix.
+- L3 (`StorageTier`, engine/storage_tier.py, behind L2): `start_prefetch` (at arrival) fetches
+  the pages past L1/L2 on the storage thread and decides, by the prefetch policy
+  (`radixkv.engine.prefetch`), whether the request waits for them (the KV manager holds it);
+  verified payloads land in L2 when the engine polls, where `plan_load` finds them. What L1 and
+  L2 hold is never waited for (a held request's L2 pages are pinned until its match); what has
   not arrived by admission is recomputed.
 
 Device map invariant: `_dev_hash[p]` exists only for device pages the tree owns (adopted on
-insert, dropped on evict/reset), so a slot is never copied after it was freed.
+insert, dropped on evict/reset; `device_pages`, checked by the KV manager), so a slot is never
+copied after it was freed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +37,11 @@ from radixkv.cache.tiers import HostIndex, chain_hashes, namespace_seed
 from radixkv.config.sections import WRITE_POLICIES
 from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
+from radixkv.engine.storage_tier import StorageTier
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 from radixkv.storage import PageMeta, make_backend
-from radixkv.storage.worker import FetchDone, StorageWorker, WriteDone
-
-if TYPE_CHECKING:
-    from radixkv.engine.kv_manager import KVManager
+from radixkv.storage.worker import StorageWorker
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,21 @@ class TierCounters:
     host_hit_tokens: int = 0  # loaded L2 -> L1 (pages that were copied down from L1)
     storage_hit_tokens: int = 0  # loaded L2 -> L1 (pages that came up from L3)
     host_saved_pages: int = 0
-    prefetch_started: int = 0
-    prefetch_pages: int = 0
+    prefetch_pages: int = 0  # landed in L2 from L3
+
+
+@dataclass
+class LoadPlan:
+    """L2 pages that continue one choice's L1 match, in prompt order (`TierManager.plan_load`)."""
+
+    key: tuple[str, int]  # the choice (request id, index)
+    host_pages: list[int]
 
 
 class TierManager:
+    """L2 (a host pool indexed by page hash) and, with a backend, L3 behind it (`storage`,
+    engine/storage_tier.py). Called by the KV manager and the engine; calls neither."""
+
     def __init__(
         self,
         kv_pool: KVPool,
@@ -80,15 +91,7 @@ class TierManager:
         # Per choice (the n choices of one request share its id but not their outputs):
         self._hashes: dict[tuple[str, int], list[bytes]] = {}  # chained page hashes so far
         self._loaded: dict[tuple[str, int], list[int]] = {}  # [host, storage] tokens loaded
-        self._fetching: dict[int, tuple[str, list[bytes]]] = {}  # fetch id -> (request, hashes)
-        # Host pages a request's prefetch landed, pinned (held) until its match used them.
-        self._req_pins: dict[str, list[int]] = {}
-        self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
-        self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
-        self.prefetch = prefetch or PrefetchPolicy()
-        self._fetch_ids = 0
-        self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
-        self.worker: StorageWorker | None = None
+        self.storage: StorageTier | None = None
         if storage is not None:
             meta = PageMeta(
                 fingerprint=fingerprint,
@@ -98,8 +101,18 @@ class TierManager:
                 shape=self.host.page_shape,
                 length=self.host.page_bytes,
             )
-            self.worker = StorageWorker(make_backend(*storage, timeout_s=storage_timeout_s), meta)
-            self.prefetch.fetch_batch = self.worker.fetch_batch
+            worker = StorageWorker(make_backend(*storage, timeout_s=storage_timeout_s), meta)
+            self.storage = StorageTier(self.index, self.host, worker, prefetch or PrefetchPolicy())
+
+    @property
+    def has_storage(self) -> bool:
+        """An L3 backend is attached (prefetches and writes go to it)."""
+        return self.storage is not None
+
+    @property
+    def worker(self) -> StorageWorker | None:
+        """The storage thread (None without L3, or after `close`)."""
+        return self.storage.worker if self.storage is not None else None
 
     # -- hashes --------------------------------------------------------------------------------
     def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
@@ -116,13 +129,8 @@ class TierManager:
         """`req` (one choice) finished: drop its bookkeeping."""
         self._hashes.pop(_key(req), None)
         self._loaded.pop(_key(req), None)
-        self._req_fetch.pop(req.request_id, None)
-        self._held.pop(req.request_id, None)
-        self._unpin_request(req.request_id)
-
-    def _unpin_request(self, request_id: str) -> None:
-        for hp in self._req_pins.pop(request_id, []):
-            self.index.unpin(hp)
+        if self.storage is not None:
+            self.storage.forget(req.request_id)
 
     def loaded_split(self, req: Request) -> tuple[int, int]:
         """(host, storage) prompt tokens this choice loaded from the lower tiers; forgets it."""
@@ -174,37 +182,20 @@ class TierManager:
         self.host.save([p for p, _ in todo], host_pages)
         for hp, (_, h) in zip(host_pages, todo, strict=True):
             self.index.add(h, hp)
-            self._write_l3(hp, h)
+            if self.storage is not None:
+                self.storage.write(hp, h)
         self.counters.host_saved_pages += n
 
-    def _write_l3(self, hp: int, h: bytes) -> None:
-        if self.worker is None or h in self._stored:
-            return
-        self.index.pin(hp)  # unpinned when the write is confirmed or fails (poll)
-        host = self.host
-        if not self.worker.submit_write((hp, h), h.hex(), lambda: host.page_payload(hp)):
-            self.index.unpin(hp)
-
-    # -- match through the tiers ---------------------------------------------------------------
-    def extend(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
-    ) -> tuple[int, np.ndarray]:
-        """Continue a locked L1 match of req through L2: load the following pages found in the
-        host index into fresh device pages, insert them into the tree, move req's lock onto the
-        longer prefix. Returns the new (length, slots); unchanged when nothing was found."""
-        try:
-            return self._extend(kv, req, length, slots)
-        finally:
-            self._unpin_request(req.request_id)  # its prefetched pages have served their turn
-
-    def _extend(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
-    ) -> tuple[int, np.ndarray]:
+    # -- loading L2 pages back (a plan the KV manager carries out) --------------------------
+    def plan_load(self, req: Request, length: int) -> LoadPlan | None:
+        """The L2 pages that continue req's L1 match of `length` tokens, in order, or None.
+        The plan reserves them (pinned) until `load`: the device pages the KV manager then
+        allocates for it may evict L1 pages into L2, which must not push the planned ones out."""
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
         start = length // ps
-        if start >= n_pages or kv.cache is None:
-            return length, slots
+        if start >= n_pages:
+            return None
         hs = self.hashes(req, n_pages * ps)
         host_pages: list[int] = []
         for h in hs[start:]:
@@ -213,70 +204,51 @@ class TierManager:
                 break
             host_pages.append(hp)
         if not host_pages:
-            return length, slots
-        for hp in host_pages:  # device allocation may write back into L2: keep ours
-            self.index.pin(hp)
-        try:
-            dev_pages = kv.alloc(len(host_pages))
-            if dev_pages is None:
-                return length, slots
-            self.host.load(host_pages, dev_pages)
-        finally:
-            for hp in host_pages:
-                self.index.unpin(hp)
-        return self._adopt(kv, req, length, slots, host_pages, dev_pages)
-
-    def _adopt(
-        self,
-        kv: KVManager,
-        req: Request,
-        length: int,
-        slots: np.ndarray,
-        host_pages: list[int],
-        dev_pages: list[int],
-    ) -> tuple[int, np.ndarray]:
-        cache = kv.plain
-        assert cache is not None
-        new_len = length + len(dev_pages) * self.page_size
-        full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
-        cached, _ = cache.insert(
-            req.tokens[:new_len], full, req.namespace, priority=req.options.priority
-        )
-        if cached != length:  # single-threaded: the locked prefix is exactly what was there
-            raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
-        hs = self.hashes(req, new_len)[length // self.page_size :]
-        for p, h in zip(dev_pages, hs, strict=True):
-            self._dev_hash[p] = h
-        m = cache.match(req.tokens[:new_len], req.namespace, record=False)
-        cache.lock(m.handle)
-        kv.unlock(req)
-        req.handle = m.handle
-        split = self._loaded.setdefault(_key(req), [0, 0])
+            return None
         for hp in host_pages:
-            if self.index.origin(hp) == "storage":
-                split[1] += self.page_size
-                self.counters.storage_hit_tokens += self.page_size
-                self.index.mark_origin(hp, "device")  # later reuse of this copy is an L2 hit
-            else:
-                split[0] += self.page_size
-                self.counters.host_hit_tokens += self.page_size
-        return new_len, np.asarray(m.slots[:new_len], dtype=np.int64)
+            self.index.pin(hp)
+        return LoadPlan(_key(req), host_pages)
+
+    def load(self, plan: LoadPlan, dev_pages: list[int] | None) -> None:
+        """Copy the plan's L2 pages into `dev_pages` (fresh device pages, one per planned page;
+        None: the KV manager found none, nothing is copied) and end the plan's reservation. The
+        KV manager then inserts them into the tree, which reports them through `on_insert`."""
+        try:
+            if dev_pages is None:
+                return
+            self.host.load(plan.host_pages, dev_pages)
+            split = self._loaded.setdefault(plan.key, [0, 0])
+            for hp in plan.host_pages:
+                if self.index.origin(hp) == "storage":
+                    split[1] += self.page_size
+                    self.counters.storage_hit_tokens += self.page_size
+                    self.index.mark_origin(hp, "device")  # later reuse of this copy: an L2 hit
+                else:
+                    split[0] += self.page_size
+                    self.counters.host_hit_tokens += self.page_size
+        finally:
+            for hp in plan.host_pages:
+                self.index.unpin(hp)
+
+    def end_match(self, req: Request) -> None:
+        """req's match through the tiers is over: its prefetched L2 pages have served their
+        turn (they were pinned from its hold until now)."""
+        if self.storage is not None:
+            self.storage.unpin_request(req.request_id)
 
     # -- L3 prefetch ---------------------------------------------------------------------------
-    def start_prefetch(self, kv: KVManager, req: Request) -> float | None:
-        """At arrival: ask storage for the prompt's pages past what L1 and L2 hold, and decide by
-        the prefetch policy whether `req` waits for them. Returns the longest it may be held
-        (seconds; poll() lands its pages in L2, `end_hold` ends the hold), or None: schedule it
-        now. Only the storage part is waited for; a held request's L2 pages are pinned until
-        its admission, so the wait cannot cost it what L2 already had."""
-        if self.worker is None:
+    def start_prefetch(self, req: Request, l1_tokens: int) -> float | None:
+        """At arrival (`l1_tokens`: the prompt's page-floored L1 match): ask storage for the
+        prompt's pages past what L1 and L2 hold, and decide by the prefetch policy whether `req`
+        waits for them. Returns the longest it may be held (seconds; poll() lands its pages in
+        L2, `end_hold` ends the hold), or None: schedule it now. Only the storage part is waited
+        for; a held request's L2 pages are pinned until its match (`end_match`), so the wait
+        cannot cost it what L2 already had."""
+        if self.storage is None:
             return None
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
-        have = 0
-        if kv.cache is not None:
-            query = req.tokens[: n_pages * ps]
-            have = kv.cache.match(query, req.namespace, record=False).length // ps
+        have = l1_tokens // ps
         hs = self.hashes(req, n_pages * ps)
         in_l2: list[int] = []
         while have < n_pages:
@@ -288,74 +260,26 @@ class TierManager:
         want = hs[have : have + MAX_PREFETCH_PAGES]
         if not want:
             return None
-        queued = sum(len(h) for _, h in self._fetching.values())
-        d = self.prefetch.decide(len(want), ps, self.host.page_bytes, self.worker.healthy, queued)
-        fid = self._fetch_ids = self._fetch_ids + 1
-        if self.worker.submit_fetch(fid, [h.hex() for h in want]):
-            self._fetching[fid] = (req.request_id, want)
-            self._req_fetch[req.request_id] = fid
-            self.counters.prefetch_started += 1
-        elif d.wait:
-            d = dataclasses.replace(d, wait=False, bound_s=0.0, reason="refused")
-        self.prefetch.count(d)
-        if not d.wait:
-            return None
-        for hp in in_l2:
-            self.index.pin(hp)
-        self._req_pins.setdefault(req.request_id, []).extend(in_l2)
-        self._held[req.request_id] = time.monotonic()
-        return d.bound_s
+        return self.storage.start_prefetch(req.request_id, want, in_l2, ps)
 
     def end_hold(self, request_id: str) -> None:
         """The engine ends `request_id`'s hold (its fetch finished or its bound passed)."""
-        start = self._held.pop(request_id, None)
-        if start is not None:
-            timed_out = self.prefetch_pending(request_id)
-            self.prefetch.released(time.monotonic() - start, timed_out)
+        if self.storage is not None:
+            self.storage.end_hold(request_id)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A forward step with prefill tokens took `seconds` (the recompute side of the cost
         model; only measured when there is storage to weigh it against)."""
-        if self.worker is not None:
-            self.prefetch.observe_prefill(tokens, seconds)
+        if self.storage is not None:
+            self.storage.prefetch.observe_prefill(tokens, seconds)
 
     def prefetch_pending(self, request_id: str) -> bool:
-        fid = self._req_fetch.get(request_id)
-        return fid is not None and fid in self._fetching
+        return self.storage is not None and self.storage.prefetch_pending(request_id)
 
     def poll(self, timeout: float = 0.0) -> None:
-        """Apply finished storage jobs: confirmed writes unpin their L2 page; fetched pages are
-        copied into L2 (marked as coming from storage)."""
-        if self.worker is None:
-            return
-        for res in self.worker.poll(timeout):
-            if isinstance(res, WriteDone):
-                hp, h = res.token
-                self.index.unpin(hp)
-                if res.ok:
-                    self._stored.add(h)
-            elif isinstance(res, FetchDone):
-                self.prefetch.observe_fetch(res.timings)
-                self._land(res)
-
-    def _land(self, res: FetchDone) -> None:
-        # Landed even if its request is gone: the pages are verified and likely wanted again;
-        # pinned for a request still waiting, so other landings cannot push them out first.
-        rid, hashes = self._fetching.pop(res.token, ("", []))
-        live = self._req_fetch.get(rid) == res.token
-        for h, payload in zip(hashes, res.payloads, strict=False):
-            self._stored.add(h)
-            if self.index.lookup(h) is not None:
-                continue
-            got = self.index.alloc(1)
-            if got is None:
-                break
-            self.host.write_payload(got[0], payload)
-            self.index.add(h, got[0], origin="storage")
-            self.counters.prefetch_pages += 1
-            if live:
-                self.index.pin(got[0])
-                self._req_pins.setdefault(rid, []).append(got[0])
+        """Apply finished storage jobs (confirmed writes, fetched pages landing in L2)."""
+        if self.storage is not None:
+            self.counters.prefetch_pages += self.storage.poll(timeout)
 
     # -- whole-tier operations -----------------------------------------------------------------
     def flush(self, device_reset: bool) -> None:
@@ -368,17 +292,17 @@ class TierManager:
     def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
         """Flush pending L3 writes (bounded by `timeout_s`) and stop the storage threads; True
         when nothing was left unwritten. `tree_pages`: the device pages the tree owns now."""
-        if self.worker is None:
+        if self.storage is None:
             return True
         if self.write_policy != "write_through":
             # Pages only L1 holds (write_back / selective) reach storage through L2 now, as
             # many as L2 can stage; the rest of L1 is lost with the process.
             todo = [(p, h) for p, h in self._dev_hash.items() if p in tree_pages]
             self._save([p for p, _ in todo], [h for _, h in todo])
-        done = self.worker.drain_writes(timeout_s)
+        done = self.storage.worker.drain_writes(timeout_s)
         self.poll()
-        self.worker.close()
-        self.worker = None
+        self.storage.worker.close()
+        self.storage = None
         if not done:
             log.warning("L3 flush timed out after %.1fs; unwritten pages are lost", timeout_s)
         return done
@@ -397,31 +321,18 @@ class TierManager:
             "host_saved_pages": self.counters.host_saved_pages,
             "storage_prefetch_pages": self.counters.prefetch_pages,
         }
-        w = self.worker
-        if w is not None:
-            c = w.counters
-            out.update(
-                storage_healthy=int(w.healthy),
-                storage_pending_writes=w.pending_writes,
-                storage_writes_ok=c.writes_ok,
-                storage_writes_failed=c.writes_failed,
-                storage_reads_hit=c.reads_hit,
-                storage_reads_miss=c.reads_miss,
-                storage_corrupt=c.corrupt,
-                storage_errors=c.errors,
-                storage_unhealthy_events=c.unhealthy_events,
-            )
-            out.update(self.prefetch.stats())
+        if self.storage is not None:
+            out.update(self.storage.stats())
         return out
 
-    def check(self, tree_pages: set[int]) -> None:
-        """Host census balances; every device page in the map is one the tree owns now."""
+    def check(self) -> None:
+        """The host census balances (the device pages it maps: `device_pages`)."""
         self.index.check()
-        stale = set(self._dev_hash) - tree_pages
-        if stale:
-            raise RuntimeError(
-                f"tier map names device pages the tree does not own: {sorted(stale)[:8]}"
-            )
+
+    def device_pages(self) -> set[int]:
+        """The device pages the tiers know the hashes of; each must be one the tree owns now
+        (checked by the KV manager), so a slot is never copied after it was freed."""
+        return set(self._dev_hash)
 
 
 def _key(req: Request) -> tuple[str, int]:

@@ -1,0 +1,148 @@
+"""The storage tier (L3) behind the host tier (L2): page writes and prefetches on the storage
+thread (`radixkv.storage.worker`), and the prefetch decisions (`radixkv.engine.prefetch`).
+
+Only the host tier (`engine/tiers.py`) calls this, and every page goes through L2 both ways:
+`write` queues the storage copy of a page just added to L2 (pinned there until the write is
+confirmed or fails), `start_prefetch` asks for the prompt pages past what L1 and L2 hold, and
+`poll` lands verified payloads in L2 (pinned for the request still waiting for them, until its
+match). Storage is an optimisation: a slow, dead or corrupt backend costs time, never
+correctness (what does not arrive is recomputed; what fails verification is a miss).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from radixkv.cache.tiers import HostIndex
+from radixkv.engine.prefetch import PrefetchPolicy
+from radixkv.memory.host_pool import HostKVPool
+from radixkv.storage.worker import FetchDone, StorageWorker, WriteDone
+
+
+class StorageTier:
+    def __init__(
+        self, index: HostIndex, host: HostKVPool, worker: StorageWorker, prefetch: PrefetchPolicy
+    ) -> None:
+        self.index = index
+        self.host = host
+        self.worker = worker
+        self.prefetch = prefetch
+        prefetch.fetch_batch = worker.fetch_batch
+        self.prefetch_started = 0
+        self._fetch_ids = 0
+        self._fetching: dict[int, tuple[str, list[bytes]]] = {}  # fetch id -> (request, hashes)
+        self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
+        # Host pages a request's prefetch landed, pinned (held) until its match used them.
+        self._req_pins: dict[str, list[int]] = {}
+        self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
+        self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
+
+    def write(self, hp: int, h: bytes) -> None:
+        """Queue the storage copy of L2 page `hp` (hash `h`) unless L3 has it already."""
+        if h in self._stored:
+            return
+        self.index.pin(hp)  # unpinned when the write is confirmed or fails (poll)
+        host = self.host
+        if not self.worker.submit_write((hp, h), h.hex(), lambda: host.page_payload(hp)):
+            self.index.unpin(hp)
+
+    # -- prefetch ------------------------------------------------------------------------------
+    def start_prefetch(
+        self, request_id: str, want: list[bytes], in_l2: list[int], page_size: int
+    ) -> float | None:
+        """Fetch the pages `want` (the prompt's pages past L1 and the L2 pages `in_l2`) and
+        decide whether the request waits for them: the longest it may be held (seconds), or
+        None. A held request's L2 pages are pinned until `unpin_request` (its match)."""
+        queued = sum(len(h) for _, h in self._fetching.values())
+        d = self.prefetch.decide(
+            len(want), page_size, self.host.page_bytes, self.worker.healthy, queued
+        )
+        fid = self._fetch_ids = self._fetch_ids + 1
+        if self.worker.submit_fetch(fid, [h.hex() for h in want]):
+            self._fetching[fid] = (request_id, want)
+            self._req_fetch[request_id] = fid
+            self.prefetch_started += 1
+        elif d.wait:
+            d = dataclasses.replace(d, wait=False, bound_s=0.0, reason="refused")
+        self.prefetch.count(d)
+        if not d.wait:
+            return None
+        for hp in in_l2:
+            self.index.pin(hp)
+        self._req_pins.setdefault(request_id, []).extend(in_l2)
+        self._held[request_id] = time.monotonic()
+        return d.bound_s
+
+    def prefetch_pending(self, request_id: str) -> bool:
+        fid = self._req_fetch.get(request_id)
+        return fid is not None and fid in self._fetching
+
+    def end_hold(self, request_id: str) -> None:
+        """`request_id`'s hold ended (its fetch finished or its bound passed)."""
+        start = self._held.pop(request_id, None)
+        if start is not None:
+            timed_out = self.prefetch_pending(request_id)
+            self.prefetch.released(time.monotonic() - start, timed_out)
+
+    def unpin_request(self, request_id: str) -> None:
+        for hp in self._req_pins.pop(request_id, []):
+            self.index.unpin(hp)
+
+    def forget(self, request_id: str) -> None:
+        self._req_fetch.pop(request_id, None)
+        self._held.pop(request_id, None)
+        self.unpin_request(request_id)
+
+    # -- results -------------------------------------------------------------------------------
+    def poll(self, timeout: float = 0.0) -> int:
+        """Apply finished storage jobs: confirmed writes unpin their L2 page; fetched pages are
+        copied into L2 (marked as coming from storage). Returns how many pages landed."""
+        landed = 0
+        for res in self.worker.poll(timeout):
+            if isinstance(res, WriteDone):
+                hp, h = res.token
+                self.index.unpin(hp)
+                if res.ok:
+                    self._stored.add(h)
+            elif isinstance(res, FetchDone):
+                self.prefetch.observe_fetch(res.timings)
+                landed += self._land(res)
+        return landed
+
+    def _land(self, res: FetchDone) -> int:
+        # Landed even if its request is gone: the pages are verified and likely wanted again;
+        # pinned for a request still waiting, so other landings cannot push them out first.
+        rid, hashes = self._fetching.pop(res.token, ("", []))
+        live = self._req_fetch.get(rid) == res.token
+        landed = 0
+        for h, payload in zip(hashes, res.payloads, strict=False):
+            self._stored.add(h)
+            if self.index.lookup(h) is not None:
+                continue
+            got = self.index.alloc(1)
+            if got is None:
+                break
+            self.host.write_payload(got[0], payload)
+            self.index.add(h, got[0], origin="storage")
+            landed += 1
+            if live:
+                self.index.pin(got[0])
+                self._req_pins.setdefault(rid, []).append(got[0])
+        return landed
+
+    def stats(self) -> dict[str, Any]:
+        w, c = self.worker, self.worker.counters
+        return {
+            "storage_healthy": int(w.healthy),
+            "storage_pending_writes": w.pending_writes,
+            "storage_writes_ok": c.writes_ok,
+            "storage_writes_failed": c.writes_failed,
+            "storage_reads_hit": c.reads_hit,
+            "storage_reads_miss": c.reads_miss,
+            "storage_corrupt": c.corrupt,
+            "storage_errors": c.errors,
+            "storage_unhealthy_events": c.unhealthy_events,
+            **self.prefetch.stats(),
+        }
