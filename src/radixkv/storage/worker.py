@@ -7,7 +7,8 @@ thread. A full queue refuses the job (the caller treats it as a failed write / a
 Health: a StorageError marks the backend unhealthy for a backoff period (doubling up to
 `retry_max_s`); meanwhile jobs fail fast without touching the backend, so a dead Redis costs
 the engine nothing but recomputation. The first call after the backoff probes again. Both
-transitions are logged and counted.
+transitions are logged and counted. A PartialOutage (one node of a sharded store down) fails
+only its call: the backend tracks the dead node itself and the rest keeps serving.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixkv.storage.base import StorageBackend, StorageError
+from radixkv.storage.base import PartialOutage, StorageBackend, StorageError
 from radixkv.storage.codec import CorruptPage, PageMeta, decode_page, encode_page
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ class StorageWorker:
     def _failed(self, exc: Exception) -> None:
         with self._lock:
             self.counters.errors += 1
+            if isinstance(exc, PartialOutage):  # one shard down: that call failed, no backoff
+                return
             if self._healthy:
                 self.counters.unhealthy_events += 1
                 log.warning(

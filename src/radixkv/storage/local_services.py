@@ -1,0 +1,193 @@
+"""Throwaway storage services on loopback for tests and `radixkv bench storage`.
+
+`RedisClusterProcs` starts N `redis-server --cluster-enabled yes` processes on free ports in a
+directory, joins them with `redis-cli --cluster create` (no replicas) and waits for
+`cluster_state:ok`. `MooncakeProcs` starts a `mooncake_master` (with its embedded HTTP metadata
+server) and one `mooncake_client` store service that contributes the memory, so the stored pages
+outlive any engine. Both bind 127.0.0.1 only, write nothing outside their directory, and `stop()`
+kills what they started. Not meant for production: no persistence, no replicas, no auth.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _exe(name: str, hint: str) -> str:
+    """`name` on PATH or next to this Python (a virtualenv's bin/, where pip puts it)."""
+    exe = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if exe is None:
+        raise RuntimeError(f"{name} is not installed ({hint})")
+    return exe
+
+
+def _wait(check: object, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not come up within {timeout_s:.0f}s")
+
+
+class RedisClusterProcs:
+    """A Redis Cluster of `nodes` primaries (no replicas) on loopback."""
+
+    def __init__(self, workdir: Path, nodes: int = 3, node_timeout_ms: int = 2000) -> None:
+        self.server = _exe("redis-server", "apt-get install redis-server")
+        self.cli = _exe("redis-cli", "apt-get install redis-tools")
+        self.workdir = Path(workdir)
+        self.ports = [free_port() for _ in range(nodes)]
+        self.bus_ports = {p: free_port() for p in self.ports}  # cluster bus (gossip)
+        self.node_timeout_ms = node_timeout_ms
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def _start_node(self, port: int) -> None:
+        d = self.workdir / f"node-{port}"
+        d.mkdir(parents=True, exist_ok=True)
+        args = [self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d)]
+        args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+        args += ["--cluster-port", str(self.bus_ports[port])]
+        args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+        # A cache: the surviving nodes keep serving their slots when one node is gone.
+        args += ["--cluster-require-full-coverage", "no", "--appendonly", "no", "--save", ""]
+        self.procs[port] = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def _cli(self, port: int, *args: str) -> str:
+        out = subprocess.run(
+            [self.cli, "-h", "127.0.0.1", "-p", str(port), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"redis-cli {' '.join(args)}: {out.stderr or out.stdout}")
+        return out.stdout
+
+    def start(self) -> None:
+        for port in self.ports:
+            self._start_node(port)
+        for port in self.ports:
+            _wait(lambda p=port: "PONG" in self._cli(p, "ping"), f"redis-server :{port}")
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        self._cli(self.ports[0], "--cluster", "create", *nodes, "--cluster-replicas", "0",
+                  "--cluster-yes")  # fmt: skip
+        for port in self.ports:
+            _wait(lambda p=port: "cluster_state:ok" in self._cli(p, "cluster", "info"),
+                  f"cluster_state:ok on :{port}")  # fmt: skip
+
+    def keys_per_node(self) -> dict[int, int]:
+        """DBSIZE of every live node."""
+        return {p: int(self._cli(p, "dbsize").strip()) for p in self.ports if self.alive(p)}
+
+    def alive(self, port: int) -> bool:
+        proc = self.procs.get(port)
+        return proc is not None and proc.poll() is None
+
+    def kill(self, port: int) -> None:
+        proc = self.procs.pop(port, None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for port in list(self.procs):
+            self.kill(port)
+
+
+class MooncakeProcs:
+    """A `mooncake_master` with its HTTP metadata server, plus one `mooncake_client` store
+    service contributing `segment_bytes` of memory."""
+
+    def __init__(self, workdir: Path, segment_bytes: int = 256 << 20) -> None:
+        self.master_exe = _exe("mooncake_master", "pip install mooncake-transfer-engine-non-cuda")
+        self.client_exe = _exe("mooncake_client", "pip install mooncake-transfer-engine-non-cuda")
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.rpc_port, self.http_port = free_port(), free_port()
+        self.metrics_port, self.client_port = free_port(), free_port()
+        self.segment_bytes = segment_bytes
+        self.master: subprocess.Popen[bytes] | None = None
+        self.store: subprocess.Popen[bytes] | None = None
+
+    @property
+    def master_address(self) -> str:
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def metadata_server(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/metadata"
+
+    def _log(self, name: str) -> object:
+        return open(self.workdir / name, "ab")  # noqa: SIM115 - handed to the child
+
+    def start_master(self) -> None:
+        args = [self.master_exe, "--enable_http_metadata_server=true"]
+        args += ["--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={self.http_port}"]
+        args += ["--rpc_address=127.0.0.1", f"--rpc_port={self.rpc_port}"]
+        args += [f"--metrics_port={self.metrics_port}", "--metrics_host=127.0.0.1"]
+        log = self._log("master.log")
+        self.master = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
+
+        _wait(self._up, "mooncake_master")
+
+    def _up(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.rpc_port), timeout=0.5):
+            pass
+        try:  # any HTTP answer (404 for an unknown key) means the metadata server is up
+            urllib.request.urlopen(self.metadata_server + "?key=probe", timeout=0.5)  # noqa: S310
+        except urllib.error.HTTPError:
+            pass
+        return True
+
+    def start_store(self) -> None:
+        args = [self.client_exe, "--host=127.0.0.1", f"--port={self.client_port}"]
+        args += [f"--global_segment_size={self.segment_bytes}", "--protocol=tcp"]
+        args += [f"--master_server_address={self.master_address}"]
+        args += [f"--metadata_server={self.metadata_server}"]
+        log = self._log("store.log")
+        self.store = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
+        time.sleep(0.5)  # mounts its segment with the master
+        if self.store.poll() is not None:
+            raise RuntimeError(f"mooncake_client exited: see {self.workdir / 'store.log'}")
+
+    def start(self) -> None:
+        self.start_master()
+        self.start_store()
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def kill_master(self) -> None:
+        self._kill(self.master)
+        self.master = None
+
+    def stop(self) -> None:
+        self._kill(self.store)
+        self.store = None
+        self.kill_master()
