@@ -187,6 +187,14 @@ class MooncakeProcs:
         self._kill(self.master)
         self.master = None
 
+    def restart(self) -> None:
+        """A fresh, empty deployment on the same master ports (the store service restarted
+        too: it does not remount its segment on a new master by itself)."""
+        self._kill(self.store)
+        self.kill_master()
+        self.client_port = free_port()
+        self.start()
+
     def stop(self) -> None:
         self._kill(self.store)
         self.store = None

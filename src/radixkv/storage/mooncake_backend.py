@@ -42,6 +42,7 @@ _ENV = {
 }
 CONFIG_PATH_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
 _NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
+_LEASED = -706  # the object is leased to a recent reader: removal refused for now
 
 
 def parse_size(value: object) -> int:
@@ -160,9 +161,11 @@ class MooncakeBackend:
 
     # -- the storage interface -----------------------------------------------------------------
     def put(self, key: str, value: bytes) -> None:
-        rc = self._live().put(PREFIX + key, value)
+        """An upsert: Mooncake's put keeps an existing value, so a page rewritten after a
+        failed verification would keep its bad bytes."""
+        rc = self._live().upsert(PREFIX + key, value)
         if rc != 0:
-            raise StorageError(f"mooncake put returned {rc}")
+            raise StorageError(f"mooncake upsert returned {rc}")
 
     def get(self, key: str) -> bytes | None:
         return self.get_many([key])[0]
@@ -192,8 +195,10 @@ class MooncakeBackend:
             raise StorageError(f"mooncake read of {name} failed (object present)")
 
     def delete(self, key: str) -> None:
+        """Best effort where Mooncake refuses removal of a leased object: the caller already
+        treats the value as a miss, and the next write of the key replaces it."""
         rc = self._live().remove(PREFIX + key)
-        if rc not in (0, _NOT_FOUND):
+        if rc not in (0, _NOT_FOUND, _LEASED):
             raise StorageError(f"mooncake remove returned {rc}")
 
     def close(self) -> None:
