@@ -14,21 +14,27 @@ answers an absent key and a failed read alike (empty bytes), so the first empty 
 batch is classified with `is_exist`: absent -> a miss; present or a negative code (master
 unreachable) -> StorageError, which the worker turns into a backoff and recomputation.
 
-`setup` against an unreachable master retries for about 90 s inside Mooncake, so it runs on a
-background thread: the constructor waits `connect_wait_s` at most, and until it succeeds every
-call raises StorageError (a later call after a failed setup starts another attempt).
+`setup` against an unreachable master retries for about 90 s inside Mooncake without releasing
+the GIL, so it is attempted only once the master (and an HTTP metadata server) accept a TCP
+connection, on a background thread: the constructor waits `connect_wait_s` at most, and until
+setup succeeds every call raises StorageError (a later call starts another attempt).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from radixkv.storage.base import StorageError
+
+log = logging.getLogger(__name__)
 
 PREFIX = "rkv:"
 _ENV = {
@@ -130,8 +136,28 @@ class MooncakeBackend:
             )
             self._connecting.start()
 
+    def _reachable(self) -> bool:
+        """The master (and an HTTP metadata server) accept connections. Checked first because
+        Mooncake's setup retries an unreachable master for ~90 s holding the GIL."""
+        c = self.config
+        addrs = [c.master_server_address]
+        if c.metadata_server.startswith("http://"):
+            addrs.append(urlsplit(c.metadata_server).netloc)
+        for addr in addrs:
+            host, _, port = addr.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                    pass
+            except (OSError, ValueError):
+                return False
+        return True
+
     def _setup(self) -> None:
         c = self.config
+        if not self._reachable():
+            with self._lock:
+                self._connecting = None
+            return
         store = self._factory()
         try:
             rc = store.setup(
@@ -145,6 +171,8 @@ class MooncakeBackend:
             )
         except Exception:  # noqa: BLE001 - reported as a failed setup below
             rc = -1
+        if rc != 0:
+            log.warning("mooncake setup with master %s failed (%s)", c.master_server_address, rc)
         with self._lock:
             self._connecting = None
             if rc == 0:
