@@ -1,7 +1,7 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, tiers, serve, compare, report,
-grammar, peers, answers}.
+serve | demo | generate | chat | replay | bench {tree, engine, tiers, storage, serve, compare,
+report, grammar, peers, answers}.
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -22,6 +22,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
     ("radixkv.bench.tiers", True),  # bench tiers
+    ("radixkv.bench.storage", True),  # bench storage
     ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare

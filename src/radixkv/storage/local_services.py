@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -34,12 +35,15 @@ def _exe(name: str, hint: str) -> str:
     return exe
 
 
-def _wait(check: object, what: str, timeout_s: float = 20.0) -> None:
+def _wait(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Poll `check` until true; a RuntimeError from it (a process died) ends the wait."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if check():  # type: ignore[operator]
+            if check():
                 return
+        except RuntimeError:
+            raise
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.05)
@@ -47,9 +51,13 @@ def _wait(check: object, what: str, timeout_s: float = 20.0) -> None:
 
 
 class RedisClusterProcs:
-    """A Redis Cluster of `nodes` primaries (no replicas) on loopback."""
+    """A Redis Cluster of `nodes` primaries (no replicas) on loopback; with `cluster=False`,
+    `nodes` standalone servers instead (`url` names the first)."""
 
-    def __init__(self, workdir: Path, nodes: int = 3, node_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self, workdir: Path, nodes: int = 3, node_timeout_ms: int = 2000, cluster: bool = True
+    ) -> None:
+        self.cluster = cluster
         self.server = _exe("redis-server", "apt-get install redis-server")
         self.cli = _exe("redis-cli", "apt-get install redis-tools")
         self.workdir = Path(workdir)
@@ -60,17 +68,25 @@ class RedisClusterProcs:
 
     @property
     def url(self) -> str:
+        if not self.cluster:
+            return f"redis://127.0.0.1:{self.ports[0]}/0"
         return "redis-cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
     def _start_node(self, port: int) -> None:
         d = self.workdir / f"node-{port}"
         d.mkdir(parents=True, exist_ok=True)
         args = [self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d)]
+        args += ["--appendonly", "no", "--save", ""]
+        if not self.cluster:
+            self.procs[port] = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            return
         args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
         args += ["--cluster-port", str(self.bus_ports[port])]
         args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
         # A cache: the surviving nodes keep serving their slots when one node is gone.
-        args += ["--cluster-require-full-coverage", "no", "--appendonly", "no", "--save", ""]
+        args += ["--cluster-require-full-coverage", "no"]
         self.procs[port] = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -91,6 +107,8 @@ class RedisClusterProcs:
             self._start_node(port)
         for port in self.ports:
             _wait(lambda p=port: "PONG" in self._cli(p, "ping"), f"redis-server :{port}")
+        if not self.cluster:
+            return
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         self._cli(self.ports[0], "--cluster", "create", *nodes, "--cluster-replicas", "0",
                   "--cluster-yes")  # fmt: skip
@@ -169,13 +187,34 @@ class MooncakeProcs:
         args += [f"--metadata_server={self.metadata_server}"]
         log = self._log("store.log")
         self.store = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
-        time.sleep(0.5)  # mounts its segment with the master
-        if self.store.poll() is not None:
+        _wait(self._mounted, "mooncake_client's segment")
+
+    def _mounted(self) -> bool:
+        """The master counts the store service's memory (its Prometheus metrics)."""
+        if self.store is not None and self.store.poll() is not None:
             raise RuntimeError(f"mooncake_client exited: see {self.workdir / 'store.log'}")
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=1.0) as r:  # noqa: S310 - loopback
+            for line in r.read().decode().splitlines():
+                if line.startswith("master_total_capacity_bytes "):
+                    return float(line.split()[1]) >= self.segment_bytes
+        return False
 
     def start(self) -> None:
         self.start_master()
         self.start_store()
+
+    def client_config(self) -> dict[str, object]:
+        """A Mooncake JSON config for clients of this deployment (no segment of their own:
+        pages live in the store service and outlive the engines)."""
+        return {
+            "master_server_address": self.master_address,
+            "metadata_server": self.metadata_server,
+            "global_segment_size": 0,
+            "local_buffer_size": 64 << 20,
+            "protocol": "tcp",
+            "local_hostname": "127.0.0.1",
+        }
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes] | None) -> None:
