@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import mooncake_missing
 
+from conftest import mooncake_missing
 from radixkv.cli import main
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import random
 import statistics
@@ -105,7 +106,7 @@ def fetch_cost(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         for i, key in enumerate(keys):
             payload = bytes([i % 251]) * args.page_bytes
-            while not worker.submit_write(i, key, lambda p=payload: p):
+            while not worker.submit_write(i, key, functools.partial(bytes, payload)):
                 time.sleep(0.001)  # queue full: let the writer drain
         assert worker.drain_writes(120.0), "writes did not finish"
         write_s = time.perf_counter() - t0

@@ -10,6 +10,8 @@ kills what they started. Not meant for production: no persistence, no replicas, 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import shutil
 import socket
 import subprocess
@@ -35,16 +37,20 @@ def _exe(name: str, hint: str) -> str:
     return exe
 
 
-def _wait(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Poll `check` until true; a RuntimeError from it (a process died) ends the wait."""
+class ServiceDied(RuntimeError):
+    """A process we started exited while we waited for it."""
+
+
+def _wait(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll `check` until true; a ServiceDied from it ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if check():
                 return
-        except RuntimeError:
+        except ServiceDied:
             raise
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             pass
         time.sleep(0.05)
     raise RuntimeError(f"{what} did not come up within {timeout_s:.0f}s")
@@ -106,15 +112,18 @@ class RedisClusterProcs:
         for port in self.ports:
             self._start_node(port)
         for port in self.ports:
-            _wait(lambda p=port: "PONG" in self._cli(p, "ping"), f"redis-server :{port}")
+            _wait(functools.partial(self._answers, port, "PONG", "ping"), f"redis :{port}")
         if not self.cluster:
             return
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         self._cli(self.ports[0], "--cluster", "create", *nodes, "--cluster-replicas", "0",
                   "--cluster-yes")  # fmt: skip
         for port in self.ports:
-            _wait(lambda p=port: "cluster_state:ok" in self._cli(p, "cluster", "info"),
-                  f"cluster_state:ok on :{port}")  # fmt: skip
+            ok = functools.partial(self._answers, port, "cluster_state:ok", "cluster", "info")
+            _wait(ok, f"cluster_state:ok on :{port}")
+
+    def _answers(self, port: int, want: str, *command: str) -> bool:
+        return want in self._cli(port, *command)
 
     def keys_per_node(self) -> dict[int, int]:
         """DBSIZE of every live node."""
@@ -158,26 +167,27 @@ class MooncakeProcs:
     def metadata_server(self) -> str:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
-    def _log(self, name: str) -> object:
-        return open(self.workdir / name, "ab")  # noqa: SIM115 - handed to the child
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        with open(self.workdir / log_name, "ab") as log:  # the child keeps its own copy
+            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
     def start_master(self) -> None:
         args = [self.master_exe, "--enable_http_metadata_server=true"]
-        args += ["--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={self.http_port}"]
+        args += [
+            "--http_metadata_server_host=127.0.0.1",
+            f"--http_metadata_server_port={self.http_port}",
+        ]
         args += ["--rpc_address=127.0.0.1", f"--rpc_port={self.rpc_port}"]
         args += [f"--metrics_port={self.metrics_port}", "--metrics_host=127.0.0.1"]
-        log = self._log("master.log")
-        self.master = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
-
+        self.master = self._spawn(args, "master.log")
         _wait(self._up, "mooncake_master")
 
     def _up(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.rpc_port), timeout=0.5):
             pass
-        try:  # any HTTP answer (404 for an unknown key) means the metadata server is up
-            urllib.request.urlopen(self.metadata_server + "?key=probe", timeout=0.5)  # noqa: S310
-        except urllib.error.HTTPError:
-            pass
+        # Any HTTP answer (404 for an unknown key) means the metadata server is up.
+        with contextlib.suppress(urllib.error.HTTPError):
+            urllib.request.urlopen(self.metadata_server + "?key=probe", timeout=0.5).close()
         return True
 
     def start_store(self) -> None:
@@ -185,16 +195,15 @@ class MooncakeProcs:
         args += [f"--global_segment_size={self.segment_bytes}", "--protocol=tcp"]
         args += [f"--master_server_address={self.master_address}"]
         args += [f"--metadata_server={self.metadata_server}"]
-        log = self._log("store.log")
-        self.store = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[arg-type]
+        self.store = self._spawn(args, "store.log")
         _wait(self._mounted, "mooncake_client's segment")
 
     def _mounted(self) -> bool:
         """The master counts the store service's memory (its Prometheus metrics)."""
         if self.store is not None and self.store.poll() is not None:
-            raise RuntimeError(f"mooncake_client exited: see {self.workdir / 'store.log'}")
+            raise ServiceDied(f"mooncake_client exited: see {self.workdir / 'store.log'}")
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=1.0) as r:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=1.0) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith("master_total_capacity_bytes "):
                     return float(line.split()[1]) >= self.segment_bytes

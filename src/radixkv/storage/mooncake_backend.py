@@ -169,7 +169,7 @@ class MooncakeBackend:
                 c.device_name,
                 c.master_server_address,
             )
-        except Exception:  # noqa: BLE001 - reported as a failed setup below
+        except Exception:
             rc = -1
         if rc != 0:
             log.warning("mooncake setup with master %s failed (%s)", c.master_server_address, rc)
@@ -203,6 +203,7 @@ class MooncakeBackend:
         whole); stops at the first absent key, the rest read as misses."""
         store = self._live()
         out: list[bytes | None] = []
+        size = 0
         while len(out) < len(keys):
             batch = [PREFIX + k for k in keys[len(out) : len(out) + self._per_batch]]
             values = store.get_batch(batch) if len(batch) > 1 else [store.get(batch[0])]
@@ -211,7 +212,8 @@ class MooncakeBackend:
                     self._classify_empty(store, name)  # raises unless simply absent
                     return out + [None] * (len(keys) - len(out))
                 out.append(bytes(v))
-            self._per_batch = max(1, min(64, self.config.local_buffer_size // (2 * len(out[-1]))))
+                size = len(v)
+            self._per_batch = max(1, min(64, self.config.local_buffer_size // (2 * size)))
         return out
 
     @staticmethod

@@ -34,7 +34,15 @@ from radixkv.storage.base import PartialOutage, StorageError
 
 PREFIX = "rkv:"
 SCHEMES = ("redis-cluster://", "rediss-cluster://")
-_NODE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# RedisClusterException ("cannot be connected", raised while re-reading the topology) is not a
+# RedisError.
+_NODE_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.RedisClusterException,
+    OSError,
+)
+_ERRORS = (redis.exceptions.RedisError, *_NODE_ERRORS)
 
 
 def is_cluster_url(url: str) -> bool:
@@ -88,13 +96,13 @@ class RedisClusterBackend:
                     require_full_coverage=False,
                     health_check_interval=0,
                 )
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except _ERRORS as exc:
                 raise StorageError(f"redis cluster unreachable: {exc}") from exc
         elif self._refresh_at and time.monotonic() >= self._refresh_at:
             self._refresh_at = 0.0
             try:
                 self._client.nodes_manager.initialize()
-            except (redis.exceptions.RedisError, OSError):
+            except _ERRORS:
                 self._refresh_at = time.monotonic() + self.node_retry_s
         return self._client
 
@@ -122,7 +130,7 @@ class RedisClusterBackend:
         """The primary that owns `key`'s slot, or None (slot not covered)."""
         try:
             return client.nodes_manager.get_node_from_slot(client.keyslot(key))
-        except (redis.exceptions.RedisError, IndexError, KeyError):
+        except (*_ERRORS, IndexError, KeyError):
             return None
 
     def _node_failed(self, client: Any, node: Any, exc: Exception) -> StorageError:
@@ -182,7 +190,7 @@ class RedisClusterBackend:
             pipe.get(k)
         try:
             replies = pipe.execute(raise_on_error=False)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except _ERRORS as exc:
             raise self._node_failed(client, node, exc) from exc
         self._mark_up(node.name)
         out: list[bytes | None] = []

@@ -58,6 +58,15 @@ class StorageCounters:
 _STOP = object()
 
 
+def _as_storage_error(exc: Exception) -> StorageError:
+    """A backend's unexpected exception (a client library bug, an unmapped error) counts as a
+    storage failure instead of killing the worker thread."""
+    if isinstance(exc, StorageError):
+        return exc
+    log.warning("L3 backend raised %s: %s", type(exc).__name__, exc)
+    return StorageError(f"{type(exc).__name__}: {exc}")
+
+
 class StorageWorker:
     def __init__(
         self,
@@ -210,8 +219,8 @@ class StorageWorker:
             return False
         try:
             self.backend.put(key, encode_page(key, self.meta, payload()))
-        except StorageError as exc:
-            self._failed(exc)
+        except Exception as exc:
+            self._failed(_as_storage_error(exc))
             self._count("writes_failed")
             return False
         self._ok()
@@ -230,8 +239,8 @@ class StorageWorker:
             t0 = time.perf_counter()
             try:
                 values = self.backend.get_many(batch)
-            except StorageError as exc:
-                self._failed(exc)
+            except Exception as exc:
+                self._failed(_as_storage_error(exc))
                 break
             self._ok()
             got = len(out)
@@ -265,6 +274,6 @@ class StorageWorker:
             log.warning("L3 page %s failed verification (%s): deleted, recomputing", key, exc)
             try:
                 self.backend.delete(key)
-            except StorageError as del_exc:
-                self._failed(del_exc)
+            except Exception as del_exc:
+                self._failed(_as_storage_error(del_exc))
             return None
