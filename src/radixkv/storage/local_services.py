@@ -191,6 +191,7 @@ class MooncakeProcs:
         return True
 
     def start_store(self) -> None:
+        self._kill(self.store)  # never orphan a running one
         args = [self.client_exe, "--host=127.0.0.1", f"--port={self.client_port}"]
         args += [f"--global_segment_size={self.segment_bytes}", "--protocol=tcp"]
         args += [f"--master_server_address={self.master_address}"]
