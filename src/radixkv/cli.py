@@ -1,7 +1,7 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, tiers, eviction, serve, compare,
-grammar, peers, answers}. (The maintainers' tools, e.g. the report that writes
+serve | demo | generate | chat | replay | bench {tree, engine, tiers, storage, eviction, serve,
+compare, grammar, peers, answers}. (The maintainers' tools, e.g. the report that writes
 docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
@@ -24,6 +24,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
     ("radixkv.bench.tiers", True),  # bench tiers
+    ("radixkv.bench.storage", True),  # bench storage
     ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from redis_proc import RedisServer  # noqa: E402
 
+from radixkv.storage.local_services import MooncakeProcs, RedisClusterProcs  # noqa: E402
+
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
@@ -25,6 +27,44 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         if srv.proc is not None:
             srv.resume()
         srv.kill()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcs]:
+    """A 3-node Redis Cluster (no replicas) on free loopback ports, stopped after the test."""
+    cluster = RedisClusterProcs(tmp_path / "cluster", nodes=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def mooncake_missing() -> str | None:
+    """Why the Mooncake tests cannot run here, or None."""
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as exc:
+        return f"mooncake.store does not import ({exc}): pip install .[test] (Linux x86-64)"
+    try:
+        MooncakeProcs(Path("."))
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture
+def mooncake(tmp_path: Path) -> Iterator[MooncakeProcs]:
+    """A mooncake_master (HTTP metadata on) plus a store service, stopped after the test."""
+    reason = mooncake_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    procs = MooncakeProcs(tmp_path / "mooncake", segment_bytes=128 << 20)
+    try:
+        procs.start()
+        yield procs
+    finally:
+        procs.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ two whose flat names are kept from the flat config: `model` (ModelConfig.path) a
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ CACHE_KINDS = ("radix", "blockhash")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 PREFETCH_POLICIES = ("cost_aware", "best_effort", "wait_complete", "timeout")
-STORAGE_BACKENDS = ("file", "redis")
+STORAGE_BACKENDS = ("file", "redis", "mooncake")
+_MOONCAKE_ENV = ("MOONCAKE_MASTER", "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _DEVICE = re.compile(r"auto|cpu|mps|xpu|cuda(:\d+)?")
 _TIERS = "hierarchical cache (host L2, storage L3)"
@@ -144,7 +146,10 @@ class CacheConfig(Section):
         None, "L3 storage (default: none)", choices=STORAGE_BACKENDS, group=_TIERS
     )
     hicache_storage_url: str | None = opt(
-        None, "directory (file) or redis://host:port[/db]", group=_TIERS
+        None,
+        "file: a directory; redis: redis://host:port[/db] or redis-cluster://host:port,...; "
+        "mooncake: the master's host:port or a JSON config (default: MOONCAKE_* variables)",
+        group=_TIERS,
     )
     hicache_storage_prefetch_policy: str = opt(
         "cost_aware",
@@ -189,11 +194,24 @@ class CacheConfig(Section):
         out: list[tuple[str, str]] = []
         if self.num_slots is not None and self.page_size >= 1 and self.num_slots < self.page_size:
             out.append(("num_slots", f"must hold at least one page ({self.page_size} tokens)"))
-        if self.hicache_storage_backend is not None and not self.hicache_storage_url:
+        if self.hicache_storage_backend not in (None, "mooncake") and not self.hicache_storage_url:
             out.append(
                 (
                     "hicache_storage_url",
                     f"is needed with --hicache-storage-backend {self.hicache_storage_backend}",
+                )
+            )
+        if (
+            self.hicache_storage_backend == "mooncake"
+            and not self.hicache_storage_url
+            and not any(os.environ.get(v) for v in _MOONCAKE_ENV)
+        ):
+            out.append(
+                (
+                    "hicache_storage_url",
+                    "is needed with --hicache-storage-backend mooncake (the master's host:port "
+                    "or a JSON config) unless MOONCAKE_MASTER or "
+                    "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH is set",
                 )
             )
         if self.tiers_enabled and not self.prefix_cache_enabled:

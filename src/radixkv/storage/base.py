@@ -15,6 +15,11 @@ class StorageError(RuntimeError):
     """The backend failed or timed out (down, full disk, connection refused...)."""
 
 
+class PartialOutage(StorageError):
+    """One part of a sharded store (a Redis Cluster node) is unreachable: this call failed, but
+    the rest of the store still answers, so the backend as a whole stays healthy."""
+
+
 class StorageBackend(Protocol):
     name: str
 
@@ -32,13 +37,25 @@ class StorageBackend(Protocol):
 
 
 def make_backend(kind: str, url: str, timeout_s: float = 1.0) -> StorageBackend:
-    """`file` takes a directory; `redis` takes redis://host:port[/db] (Redis or Valkey)."""
+    """`file` takes a directory; `redis` takes redis://host:port[/db] (Redis or Valkey), or
+    redis-cluster://host:port[,host:port...] (a Redis Cluster; `rediss-` for TLS); `mooncake`
+    takes the master's host:port or a JSON config file (empty: SGLang's MOONCAKE_* variables)."""
     if kind == "file":
         from radixkv.storage.file import FileBackend
 
         return FileBackend(url)
     if kind == "redis":
+        from radixkv.storage.redis_cluster import is_cluster_url
+
+        if is_cluster_url(url):
+            from radixkv.storage.redis_cluster import RedisClusterBackend
+
+            return RedisClusterBackend(url, timeout_s)
         from radixkv.storage.redis_backend import RedisBackend
 
         return RedisBackend(url, timeout_s)
-    raise ValueError(f"unknown storage backend {kind!r} (file | redis)")
+    if kind == "mooncake":
+        from radixkv.storage.mooncake_backend import MooncakeBackend, MooncakeConfig
+
+        return MooncakeBackend(MooncakeConfig.load(url))
+    raise ValueError(f"unknown storage backend {kind!r} (file | redis | mooncake)")

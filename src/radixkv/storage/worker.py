@@ -7,7 +7,8 @@ thread. A full queue refuses the job (the caller treats it as a failed write / a
 Health: a StorageError marks the backend unhealthy for a backoff period (doubling up to
 `retry_max_s`); meanwhile jobs fail fast without touching the backend, so a dead Redis costs
 the engine nothing but recomputation. The first call after the backoff probes again. Both
-transitions are logged and counted.
+transitions are logged and counted. A PartialOutage (one node of a sharded store down) fails
+only its call: the backend tracks the dead node itself and the rest keeps serving.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixkv.storage.base import StorageBackend, StorageError
+from radixkv.storage.base import PartialOutage, StorageBackend, StorageError
 from radixkv.storage.codec import CorruptPage, PageMeta, decode_page, encode_page
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,15 @@ class StorageCounters:
 
 
 _STOP = object()
+
+
+def _as_storage_error(exc: Exception) -> StorageError:
+    """A backend's unexpected exception (a client library bug, an unmapped error) counts as a
+    storage failure instead of killing the worker thread."""
+    if isinstance(exc, StorageError):
+        return exc
+    log.warning("L3 backend raised %s: %s", type(exc).__name__, exc)
+    return StorageError(f"{type(exc).__name__}: {exc}")
 
 
 class StorageWorker:
@@ -162,6 +172,8 @@ class StorageWorker:
     def _failed(self, exc: Exception) -> None:
         with self._lock:
             self.counters.errors += 1
+            if isinstance(exc, PartialOutage):  # one shard down: that call failed, no backoff
+                return
             if self._healthy:
                 self.counters.unhealthy_events += 1
                 log.warning(
@@ -207,8 +219,8 @@ class StorageWorker:
             return False
         try:
             self.backend.put(key, encode_page(key, self.meta, payload()))
-        except StorageError as exc:
-            self._failed(exc)
+        except Exception as exc:
+            self._failed(_as_storage_error(exc))
             self._count("writes_failed")
             return False
         self._ok()
@@ -227,8 +239,8 @@ class StorageWorker:
             t0 = time.perf_counter()
             try:
                 values = self.backend.get_many(batch)
-            except StorageError as exc:
-                self._failed(exc)
+            except Exception as exc:
+                self._failed(_as_storage_error(exc))
                 break
             self._ok()
             got = len(out)
@@ -262,6 +274,6 @@ class StorageWorker:
             log.warning("L3 page %s failed verification (%s): deleted, recomputing", key, exc)
             try:
                 self.backend.delete(key)
-            except StorageError as del_exc:
-                self._failed(del_exc)
+            except Exception as del_exc:
+                self._failed(_as_storage_error(del_exc))
             return None
