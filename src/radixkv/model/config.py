@@ -1,8 +1,10 @@
-"""Model configuration parsed from a Hugging Face `config.json`.
+"""The Llama family's configuration parsed from a Hugging Face `config.json`, and the parsing
+helpers every family's config shares.
 
 One frozen dataclass covers the Llama family (Llama/SmolLM2, Qwen2, Qwen3, Mistral); the
 per-family differences are plain flags (`qkv_bias`, `qk_norm`, per-layer sliding windows), so the
-model code has no architecture switch statements.
+model code has no architecture switch statements. Which class parses which architecture is
+radixkv.model.registry's table.
 """
 
 from __future__ import annotations
@@ -18,18 +20,12 @@ import torch
 from radixkv.memory.hybrid import PoolSpec
 from radixkv.memory.pool import KVPoolConfig
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+# The architectures LlamaConfig parses (registered in radixkv.model.registry).
+LLAMA_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
-)
-# Hybrid families (radixkv.model.hybrid): separate config and model classes, see loader.FAMILIES.
-HYBRID_ARCHITECTURES: tuple[str, ...] = (
-    "Gemma3ForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Lfm2ForCausalLM",
-    "Qwen3NextForCausalLM",
 )
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
 
@@ -39,8 +35,9 @@ class UnsupportedArchitectureError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Everything the model, the KV pool and the engine need to know about a checkpoint."""
+class LlamaConfig:
+    """Everything the model, the KV pool and the engine need to know about a Llama-family
+    checkpoint."""
 
     architecture: str
     num_layers: int
@@ -110,15 +107,14 @@ class ModelConfig:
     @classmethod
     def from_dict(
         cls, raw: dict[str, Any], generation_config: dict[str, Any] | None = None
-    ) -> ModelConfig:
+    ) -> LlamaConfig:
         """Parse an HF config dict; raises UnsupportedArchitectureError for anything else."""
-        archs = raw.get("architectures") or []
-        arch = archs[0] if archs else str(raw.get("model_type", "<missing>"))
-        if arch not in SUPPORTED_ARCHITECTURES:
-            supported = SUPPORTED_ARCHITECTURES + HYBRID_ARCHITECTURES
-            raise UnsupportedArchitectureError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(supported)}"
-            )
+        from radixkv.model.registry import architecture, family
+
+        arch = architecture(raw)
+        if arch not in LLAMA_ARCHITECTURES:
+            family(arch)  # unsupported: raises naming the supported ones
+            raise UnsupportedArchitectureError(f"{arch} is not a Llama-family architecture")
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         num_layers = int(raw["num_hidden_layers"])
@@ -152,7 +148,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str]) -> ModelConfig:
+    def from_pretrained(cls, path: str | os.PathLike[str]) -> LlamaConfig:
         root = Path(path)
         raw = json.loads((root / "config.json").read_text())
         gen_path = root / "generation_config.json"

@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention import TorchAttention
+from radixkv.model.batch import ForwardBatch
 from radixkv.model.loader import LoadedModel, load_model
 from radixkv.model.simple import single_batch
 
