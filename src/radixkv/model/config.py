@@ -115,36 +115,20 @@ class LlamaConfig:
         if arch not in LLAMA_ARCHITECTURES:
             family(arch)  # unsupported: raises naming the supported ones
             raise UnsupportedArchitectureError(f"{arch} is not a Llama-family architecture")
-        num_heads = int(raw["num_attention_heads"])
-        hidden = int(raw["hidden_size"])
-        num_layers = int(raw["num_hidden_layers"])
-        head_dim = int(raw.get("head_dim") or hidden // num_heads)
+        base = base_fields(raw, generation_config)
         theta, scaling = _parse_rope(raw, arch)
-        sliding, layer_windows = _parse_windows(raw, arch, num_layers)
-        gen = generation_config or {}
+        sliding, layer_windows = _parse_windows(raw, arch, base["num_layers"])
         return cls(
-            architecture=arch,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=head_dim,
-            hidden_size=hidden,
+            **base,
             intermediate_size=int(raw["intermediate_size"]),
-            vocab_size=int(raw["vocab_size"]),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=None if scaling is None else tuple(sorted(scaling.items())),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
             o_bias=arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             sliding_window=sliding,
             layer_windows=layer_windows,
-            eos_token_ids=_eos_ids(raw, gen),
-            bos_token_id=_opt_int(gen.get("bos_token_id", raw.get("bos_token_id"))),
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         )
 
     @classmethod
@@ -170,6 +154,31 @@ def _eos_ids(raw: dict[str, Any], gen: dict[str, Any]) -> tuple[int, ...]:
             if item is not None and int(item) not in ids:
                 ids.append(int(item))
     return tuple(ids)
+
+
+def base_fields(raw: dict[str, Any], gen: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields every family's config has, parsed one way from an HF config dict (and its
+    generation config): shapes, norm epsilon, tied embeddings, EOS / BOS ids, stored dtype."""
+    from radixkv.model.registry import architecture
+
+    num_heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    g = gen or {}
+    return dict(
+        architecture=architecture(raw),
+        num_layers=int(raw["num_hidden_layers"]),
+        hidden_size=hidden,
+        vocab_size=int(raw["vocab_size"]),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        num_heads=num_heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+        head_dim=int(raw.get("head_dim") or hidden // num_heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("norm_eps", 1e-6))),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        eos_token_ids=_eos_ids(raw, g),
+        bos_token_id=_opt_int(g.get("bos_token_id", raw.get("bos_token_id"))),
+        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+    )
 
 
 def _parse_rope(raw: dict[str, Any], arch: str) -> tuple[float, dict[str, Any] | None]:

@@ -23,7 +23,7 @@ from radixkv.memory.pool import KVPool, KVPoolConfig
 from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.blocks import Weights
-from radixkv.model.config import UnsupportedArchitectureError, _eos_ids, _opt_int
+from radixkv.model.config import UnsupportedArchitectureError, _opt_int, base_fields
 from radixkv.model.linear import PackedLinear
 
 KINDS = ("full", "swa", "state")
@@ -88,27 +88,10 @@ class HybridConfig:
     @staticmethod
     def common(raw: dict[str, Any], gen: dict[str, Any] | None, **over: Any) -> dict[str, Any]:
         """The base fields parsed from an HF config dict (`over` replaces any of them)."""
-        num_layers = int(raw["num_hidden_layers"])
-        num_heads = int(raw["num_attention_heads"])
-        hidden = int(raw["hidden_size"])
-        g = gen or {}
-        fields: dict[str, Any] = dict(
-            architecture=(raw.get("architectures") or ["?"])[0],
-            num_layers=num_layers,
-            hidden_size=hidden,
-            vocab_size=int(raw["vocab_size"]),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            num_heads=num_heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or hidden // num_heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("norm_eps", 1e-6))),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            layer_kinds=layer_kinds(raw, num_layers),
-            sliding_window=_opt_int(raw.get("sliding_window")),
-            eos_token_ids=_eos_ids(raw, g),
-            bos_token_id=_opt_int(g.get("bos_token_id", raw.get("bos_token_id"))),
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-        )
+        fields = base_fields(raw, gen)
+        fields["architecture"] = (raw.get("architectures") or ["?"])[0]
+        fields["layer_kinds"] = layer_kinds(raw, fields["num_layers"])
+        fields["sliding_window"] = _opt_int(raw.get("sliding_window"))
         fields.update(over)
         if "swa" in fields["layer_kinds"] and not fields["sliding_window"]:
             raise UnsupportedArchitectureError("sliding layers without a sliding_window")

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from radixkv.model.config import LLAMA_ARCHITECTURES, UnsupportedArchitectureError
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from radixkv.model.config import LlamaConfig
     from radixkv.model.hybrid import HybridConfig
 
-    AnyConfig = LlamaConfig | HybridConfig
+AnyConfig: TypeAlias = "LlamaConfig | HybridConfig"
 
 
 @dataclass(frozen=True)
