@@ -56,8 +56,9 @@ class Weights:
         False = none."""
         weight = torch.cat([self.need(n + ".weight").detach() for n in names])
         biases = [self.get(self.prefix + n + ".bias") for n in names] if bias is not False else []
-        if bias and any(b is None for b in biases):
-            raise KeyError(f"checkpoint is missing a bias of {self.prefix}{names}")
+        missing = [n for n, b in zip(names, biases, strict=True) if b is None] if bias else []
+        if missing:
+            raise KeyError(f"checkpoint is missing {self.prefix}{missing[0]}.bias")
         have = bool(biases) and all(b is not None for b in biases)
         return PackedLinear(weight, torch.cat(biases) if have else None)  # type: ignore[arg-type]
 
