@@ -17,6 +17,7 @@ integer positions and cast to the activation dtype.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -112,6 +113,21 @@ torch.library.register_fake(
     lambda x, cos, sin: x.new_empty(x.shape),
     lib=LIB,
 )
+
+
+# torch's CPU element-wise loops run 2 x 512-bit vectors at a time (32 floats, 64 bf16) and the
+# remainder through a scalar tail whose sigmoid / SiLU / softplus / GELU can round differently.
+LANES = 64
+
+
+def lanewise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """fn(x) for an element-wise fn over rows of x [..., n], with every row padded to a multiple
+    of LANES, so each element takes torch's vector path whatever the row count (a [T, 1] gate
+    would otherwise take the scalar tail alone and the vector path in a batch)."""
+    n = x.shape[-1]
+    if n % LANES == 0:
+        return fn(x)
+    return fn(F.pad(x, (0, LANES - n % LANES)))[..., :n]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

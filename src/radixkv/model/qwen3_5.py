@@ -23,7 +23,7 @@ from radixkv.model.attention import AttentionBackend
 from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
 from radixkv.model.hybrid import HybridConfig, Step, kind_indices
-from radixkv.model.layers import rms_norm, rms_norm_1p
+from radixkv.model.layers import lanewise, rms_norm, rms_norm_1p
 from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv, read_state
 
 ARCH = "Qwen3_5ForCausalLM"
@@ -113,8 +113,8 @@ class GatedDeltaNet(nn.Module):
         )
         v = v.reshape(t, c.v_heads, c.v_dim)
         b, a = self.in_ba(h).split(c.v_heads, dim=-1)
-        beta = b.float().sigmoid()
-        g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        beta = lanewise(torch.sigmoid, b.float())
+        g = -self.a_log.float().exp() * lanewise(F.softplus, a.float() + self.dt_bias.float())
         core = self._rule(q, k, v, g, beta, state["recurrent"], meta)
         z = self.in_z(h).reshape(t, c.v_heads, c.v_dim)
         o = rms_norm(core.to(h.dtype), self.norm_w, self.eps)  # norm before the gate

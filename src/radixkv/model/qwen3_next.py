@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from radixkv.model.blocks import GatedMLP, WeightGetter, Weights
+from radixkv.model.layers import lanewise
 from radixkv.model.qwen3_5 import Qwen35Config, Qwen35Layer, Qwen35LM
 
 ARCH = "Qwen3NextForCausalLM"
@@ -101,7 +102,7 @@ class SparseMoE(nn.Module):
             rows, slot = torch.where(chosen == e)
             y = self.experts[e](h[rows]) * weights[rows, slot, None]
             out.index_add_(0, rows, y)
-        return out + torch.sigmoid(self.shared_gate(h)) * self.shared(h)
+        return out + lanewise(torch.sigmoid, self.shared_gate(h)) * self.shared(h)
 
 
 class Qwen3NextLayer(Qwen35Layer):
