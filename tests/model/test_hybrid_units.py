@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.hybrid import ModelPools, PoolSpec, StateLayerSpec, StatePool, StateTensorSpec
 from radixkv.memory.pool import KVPool
 from radixkv.model import UnsupportedArchitectureError, load_model
-from radixkv.model.config import ModelConfig
+from radixkv.model.batch import ForwardBatch
+from radixkv.model.config import LlamaConfig
 from radixkv.model.deltanet import chunked, prepare_qk, recurrent_step
 from radixkv.model.hybrid import kind_indices, layer_kinds
-from radixkv.model.loader import load_config
+from radixkv.model.registry import load_config
 
 
 def test_layer_kinds_from_hf_fields() -> None:
@@ -37,15 +37,15 @@ def test_llama_family_components() -> None:
         "intermediate_size": 128,
         "vocab_size": 100,
     }
-    mistral = ModelConfig.from_dict(
+    mistral = LlamaConfig.from_dict(
         {**base, "architectures": ["MistralForCausalLM"], "sliding_window": 8}
     )
     spec = mistral.pool_spec()
     assert (spec.num_full_layers, spec.num_swa_layers, spec.swa_window) == (0, 2, 8)
-    llama = ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]})
+    llama = LlamaConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]})
     assert llama.pool_spec().num_full_layers == 2 and not llama.pool_spec().has_swa
     # Qwen2 mixing full and windowed layers stays FULL-only (the window is applied by attention).
-    qwen2 = ModelConfig.from_dict(
+    qwen2 = LlamaConfig.from_dict(
         {
             **base,
             "architectures": ["Qwen2ForCausalLM"],
@@ -56,7 +56,7 @@ def test_llama_family_components() -> None:
     )
     assert qwen2.layer_windows == (None, 8) and qwen2.pool_spec().num_full_layers == 2
     with pytest.raises(UnsupportedArchitectureError, match="Gemma3ForCausalLM"):
-        ModelConfig.from_dict({**base, "architectures": ["Phi3ForCausalLM"]})
+        LlamaConfig.from_dict({**base, "architectures": ["Phi3ForCausalLM"]})
 
 
 def test_family_pool_specs(tiny_model_dir: Callable[..., Path]) -> None:
@@ -150,12 +150,12 @@ def test_deltanet_chunked_equals_recurrent() -> None:
 
 def test_qwen3_next_layout(tiny_model_dir: Callable[..., Path]) -> None:
     """MoE on the sparse grid except mlp_only_layers; fused DeltaNet projections all consumed."""
-    from radixkv.model.qwen3_5 import DenseMLP
+    from radixkv.model.blocks import GatedMLP
     from radixkv.model.qwen3_next import SparseMoE
 
     lm = load_model(tiny_model_dir("qwen3_next"))  # raises if a checkpoint tensor went unused
     mlps = [type(layer.mlp) for layer in lm.model.layers]
-    assert mlps == [SparseMoE, SparseMoE, DenseMLP]
+    assert mlps == [SparseMoE, SparseMoE, GatedMLP]
     assert (
         lm.config.pool_spec().num_full_layers == 1 and len(lm.config.pool_spec().state_layers) == 2
     )

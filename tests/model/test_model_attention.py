@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.model.attention import TorchAttention
+from radixkv.model.batch import ForwardBatch
 
 KV, G, D = 2, 3, 8
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.pool import KVPool
 from radixkv.model import LoadedModel, load_model
+from radixkv.model.batch import ForwardBatch
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 RTOL = 1e-4

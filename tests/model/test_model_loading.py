@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from radixkv.memory.pool import KVPool
-from radixkv.model import ModelConfig, UnsupportedArchitectureError, load_model
+from radixkv.model import LlamaConfig, UnsupportedArchitectureError, load_model
 from radixkv.model.simple import single_batch
 
 LLAMA3_ROPE = {
@@ -40,12 +40,12 @@ def _compare_with_transformers(path: Path, n: int = 40) -> float:
 
 
 def test_config_fields(tiny_model_dir: Callable[..., Path]) -> None:
-    cfg = ModelConfig.from_pretrained(tiny_model_dir("qwen3"))
+    cfg = LlamaConfig.from_pretrained(tiny_model_dir("qwen3"))
     assert cfg.architecture == "Qwen3ForCausalLM"
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 4, 2, 16)
     assert cfg.qk_norm and not cfg.qkv_bias and cfg.sliding_window is None
     assert cfg.eos_token_ids == (2,) and cfg.bos_token_id == 1
-    assert ModelConfig.from_pretrained(tiny_model_dir("qwen2")).qkv_bias
+    assert LlamaConfig.from_pretrained(tiny_model_dir("qwen2")).qkv_bias
     pool_cfg = cfg.pool_config(100, torch.bfloat16, "cpu")
     assert (pool_cfg.num_layers, pool_cfg.num_kv_heads, pool_cfg.head_dim) == (2, 2, 16)
     assert pool_cfg.num_slots == 100 and pool_cfg.dtype == torch.bfloat16
@@ -60,7 +60,7 @@ def test_tied_embeddings(tiny_model_dir: Callable[..., Path]) -> None:
 
 def test_llama3_rope_scaling(tiny_model_dir: Callable[..., Path]) -> None:
     path = tiny_model_dir("llama", rope_parameters=LLAMA3_ROPE)
-    cfg = ModelConfig.from_pretrained(path)
+    cfg = LlamaConfig.from_pretrained(path)
     assert cfg.rope_scaling_dict is not None and cfg.rope_scaling_dict["rope_type"] == "llama3"
     assert cfg.rope_theta == 500000.0
     assert _compare_with_transformers(path, n=100) < 1e-4
@@ -118,6 +118,6 @@ def test_bfloat16_load_runs(tiny_model_dir: Callable[..., Path]) -> None:
 
 def test_qwen2_per_layer_sliding_window(tiny_model_dir: Callable[..., Path]) -> None:
     path = tiny_model_dir("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
-    cfg = ModelConfig.from_pretrained(path)
+    cfg = LlamaConfig.from_pretrained(path)
     assert cfg.layer_windows == (None, 8)
     assert _compare_with_transformers(path, n=30) < 1e-4

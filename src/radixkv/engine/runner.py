@@ -8,10 +8,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.engine.scheduler import ScheduledBatch
 from radixkv.memory.pool import KVPool
 from radixkv.memory.req_table import ReqToTokenTable
+from radixkv.model.batch import ForwardBatch
 
 
 class ForwardModel(Protocol):

@@ -9,7 +9,7 @@ Usage::
     lm = load_model(None)               # None → embedded SmolLM2-135M-Instruct (converted once)
     lm = load_model("/path/to/hf_dir", device="cpu", dtype=torch.float32)
     pool = KVPool(lm.config.pool_config(num_slots=4096, dtype=lm.dtype, device="cpu"))
-    logits = lm.model(batch, pool)      # batch: radixkv.engine.batch.ForwardBatch
+    logits = lm.model(batch, pool)      # batch: radixkv.model.batch.ForwardBatch
     # float32 [R, vocab] (last new token of each request) or [T, vocab] if batch.return_all_logits
 
     ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
@@ -27,7 +27,7 @@ Hybrid models (and any model, given ModelPools)::
     pools = spec.make_pools(full_slots, swa_slots, state_slots, lm.dtype, "cpu")
     logits = lm.model(batch, pools)     # batch also carries swa_context_slots / state_slots
 
-See radixkv.engine.batch.ForwardBatch for what each component reads and writes, and
+See radixkv.model.batch.ForwardBatch for what each component reads and writes, and
 radixkv.model.hybrid_simple.Session for a standalone driver.
 """
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from radixkv.model.config import ModelConfig, UnsupportedArchitectureError
+from radixkv.model.config import LlamaConfig, UnsupportedArchitectureError
 
 if TYPE_CHECKING:
     from radixkv.model.default import default_model_path
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from radixkv.model.tokenizer import Tokenizer
 
 __all__ = [
+    "LlamaConfig",
     "LoadedModel",
-    "ModelConfig",
     "Tokenizer",
     "UnsupportedArchitectureError",
     "default_model_path",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from radixkv.engine.batch import ForwardBatch
+from radixkv.model.batch import ForwardBatch
 
 if TYPE_CHECKING:
     from radixkv.model.kernels import DecodeKernel, ExtendKernel

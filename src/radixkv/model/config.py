@@ -1,8 +1,10 @@
-"""Model configuration parsed from a Hugging Face `config.json`.
+"""The Llama family's configuration parsed from a Hugging Face `config.json`, and the parsing
+helpers every family's config shares.
 
 One frozen dataclass covers the Llama family (Llama/SmolLM2, Qwen2, Qwen3, Mistral); the
 per-family differences are plain flags (`qkv_bias`, `qk_norm`, per-layer sliding windows), so the
-model code has no architecture switch statements.
+model code has no architecture switch statements. Which class parses which architecture is
+radixkv.model.registry's table.
 """
 
 from __future__ import annotations
@@ -18,18 +20,12 @@ import torch
 from radixkv.memory.hybrid import PoolSpec
 from radixkv.memory.pool import KVPoolConfig
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+# The architectures LlamaConfig parses (registered in radixkv.model.registry).
+LLAMA_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
-)
-# Hybrid families (radixkv.model.hybrid): separate config and model classes, see loader.FAMILIES.
-HYBRID_ARCHITECTURES: tuple[str, ...] = (
-    "Gemma3ForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Lfm2ForCausalLM",
-    "Qwen3NextForCausalLM",
 )
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
 
@@ -39,8 +35,9 @@ class UnsupportedArchitectureError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Everything the model, the KV pool and the engine need to know about a checkpoint."""
+class LlamaConfig:
+    """Everything the model, the KV pool and the engine need to know about a Llama-family
+    checkpoint."""
 
     architecture: str
     num_layers: int
@@ -110,49 +107,32 @@ class ModelConfig:
     @classmethod
     def from_dict(
         cls, raw: dict[str, Any], generation_config: dict[str, Any] | None = None
-    ) -> ModelConfig:
+    ) -> LlamaConfig:
         """Parse an HF config dict; raises UnsupportedArchitectureError for anything else."""
-        archs = raw.get("architectures") or []
-        arch = archs[0] if archs else str(raw.get("model_type", "<missing>"))
-        if arch not in SUPPORTED_ARCHITECTURES:
-            supported = SUPPORTED_ARCHITECTURES + HYBRID_ARCHITECTURES
-            raise UnsupportedArchitectureError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(supported)}"
-            )
-        num_heads = int(raw["num_attention_heads"])
-        hidden = int(raw["hidden_size"])
-        num_layers = int(raw["num_hidden_layers"])
-        head_dim = int(raw.get("head_dim") or hidden // num_heads)
+        from radixkv.model.registry import architecture, family
+
+        arch = architecture(raw)
+        if arch not in LLAMA_ARCHITECTURES:
+            family(arch)  # unsupported: raises naming the supported ones
+            raise UnsupportedArchitectureError(f"{arch} is not a Llama-family architecture")
+        base = base_fields(raw, generation_config)
         theta, scaling = _parse_rope(raw, arch)
-        sliding, layer_windows = _parse_windows(raw, arch, num_layers)
-        gen = generation_config or {}
+        sliding, layer_windows = _parse_windows(raw, arch, base["num_layers"])
         return cls(
-            architecture=arch,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=head_dim,
-            hidden_size=hidden,
+            **base,
             intermediate_size=int(raw["intermediate_size"]),
-            vocab_size=int(raw["vocab_size"]),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=None if scaling is None else tuple(sorted(scaling.items())),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
             o_bias=arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             sliding_window=sliding,
             layer_windows=layer_windows,
-            eos_token_ids=_eos_ids(raw, gen),
-            bos_token_id=_opt_int(gen.get("bos_token_id", raw.get("bos_token_id"))),
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         )
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str]) -> ModelConfig:
+    def from_pretrained(cls, path: str | os.PathLike[str]) -> LlamaConfig:
         root = Path(path)
         raw = json.loads((root / "config.json").read_text())
         gen_path = root / "generation_config.json"
@@ -174,6 +154,31 @@ def _eos_ids(raw: dict[str, Any], gen: dict[str, Any]) -> tuple[int, ...]:
             if item is not None and int(item) not in ids:
                 ids.append(int(item))
     return tuple(ids)
+
+
+def base_fields(raw: dict[str, Any], gen: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields every family's config has, parsed one way from an HF config dict (and its
+    generation config): shapes, norm epsilon, tied embeddings, EOS / BOS ids, stored dtype."""
+    from radixkv.model.registry import architecture
+
+    num_heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    g = gen or {}
+    return dict(
+        architecture=architecture(raw),
+        num_layers=int(raw["num_hidden_layers"]),
+        hidden_size=hidden,
+        vocab_size=int(raw["vocab_size"]),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        num_heads=num_heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+        head_dim=int(raw.get("head_dim") or hidden // num_heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("norm_eps", 1e-6))),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        eos_token_ids=_eos_ids(raw, g),
+        bos_token_id=_opt_int(g.get("bos_token_id", raw.get("bos_token_id"))),
+        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+    )
 
 
 def _parse_rope(raw: dict[str, Any], arch: str) -> tuple[float, dict[str, Any] | None]:

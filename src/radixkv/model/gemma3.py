@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixkv.model.attention import AttentionBackend
+from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, HybridLM, Step, Weights, kind_indices, rms_norm_1p
-from radixkv.model.layers import apply_rope, rope_cos_sin, rope_inv_freq
+from radixkv.model.hybrid import HybridConfig, HybridLM, Step
+from radixkv.model.layers import rms_norm_1p, rope_cos_sin, rope_inv_freq
 
 ARCH = "Gemma3ForCausalLM"
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
@@ -88,11 +88,7 @@ class Gemma3Layer(nn.Module):
     def __init__(self, cfg: Gemma3Config, index: int, w: Weights) -> None:
         super().__init__()
         self.kind = cfg.layer_kinds[index]
-        self.pool_layer = kind_indices(cfg.layer_kinds)[index]
-        self.window = cfg.sliding_window if self.kind == "swa" else None
         self.eps = cfg.rms_norm_eps
-        self.heads, self.kv_heads, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.scale = cfg.query_pre_attn_scalar**-0.5
         self.norms = nn.ParameterList(
             w.need(f"{n}.weight")
             for n in (
@@ -102,40 +98,25 @@ class Gemma3Layer(nn.Module):
                 "post_feedforward_layernorm",
             )
         )
-        a = w.sub("self_attn.")
-        self.qkv_w = nn.Parameter(
-            torch.cat([a.need(f"{n}_proj.weight") for n in "qkv"]), requires_grad=False
+        spec = AttentionSpec(
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.rms_norm_eps,
+            qkv_bias=None,  # attention_bias checkpoints carry them
+            o_bias=None,
+            qk_norm="rms_1p",
         )
-        biases = [a.maybe(f"{n}_proj.bias") for n in "qkv"]  # attention_bias checkpoints
-        self.qkv_b = None
-        if all(b is not None for b in biases):
-            self.qkv_b = nn.Parameter(torch.cat(biases), requires_grad=False)  # type: ignore[arg-type]
-        self.o_w, self.o_b = a.need("o_proj.weight"), a.maybe("o_proj.bias")
-        self.q_norm, self.k_norm = a.need("q_norm.weight"), a.need("k_norm.weight")
-        m = w.sub("mlp.")
-        self.gate_w, self.up_w = m.need("gate_proj.weight"), m.need("up_proj.weight")
-        self.down_w = m.need("down_proj.weight")
-        self.tanh = cfg.activation == "gelu_pytorch_tanh"
-
-    def _attn(self, h: torch.Tensor, step: Step) -> torch.Tensor:
-        t = h.shape[0]
-        q_size, kv_size = self.heads * self.hd, self.kv_heads * self.hd
-        q, k, v = F.linear(h, self.qkv_w, self.qkv_b).split([q_size, kv_size, kv_size], dim=-1)
-        q = rms_norm_1p(q.reshape(t, self.heads, self.hd), self.q_norm, self.eps)
-        k = rms_norm_1p(k.reshape(t, self.kv_heads, self.hd), self.k_norm, self.eps)
-        cos, sin = step.cache["rope_" + self.kind]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        v = v.reshape(t, self.kv_heads, self.hd)
-        o = step.kv.attend(self.kind, self.pool_layer, q, k, v, self.window, self.scale)
-        return F.linear(o.reshape(t, q_size).to(h.dtype), self.o_w, self.o_b)
+        self.attn = Attention(spec, index, w.sub("self_attn."))
+        act = "gelu_tanh" if cfg.activation == "gelu_pytorch_tanh" else "gelu"
+        self.mlp = GatedMLP(w.sub("mlp."), act=act)
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         n_in, n_post_attn, n_pre_ff, n_post_ff = self.norms
-        h = self._attn(rms_norm_1p(x, n_in, self.eps), step)
+        cos, sin = step.cache["rope_" + self.kind]
+        h = self.attn(rms_norm_1p(x, n_in, self.eps), cos, sin, step.kv)
         x = x + rms_norm_1p(h, n_post_attn, self.eps)
-        h = rms_norm_1p(x, n_pre_ff, self.eps)
-        gate = F.gelu(F.linear(h, self.gate_w), approximate="tanh" if self.tanh else "none")
-        h = F.linear(gate * F.linear(h, self.up_w), self.down_w)
+        h = self.mlp(rms_norm_1p(x, n_pre_ff, self.eps), step.kv)
         return x + rms_norm_1p(h, n_post_ff, self.eps)
 
 
@@ -158,6 +139,7 @@ class Gemma3LM(HybridLM):
         self.eps = cfg.rms_norm_eps
         self.embed_scale = cfg.hidden_size**0.5
         self.final_softcap = cfg.final_logit_softcapping
+        self.attn_scale = cfg.query_pre_attn_scalar**-0.5
         self.inv_freq_full: torch.Tensor
         self.inv_freq_swa: torch.Tensor
         for kind, (theta, scaling) in (("full", cfg.rope_full), ("swa", cfg.rope_swa)):

@@ -1,5 +1,5 @@
-"""Shared pieces of the hybrid decoders (Gemma 3, Qwen3.5, LFM2): layer kinds, the common config,
-per-component K/V attention, and the model skeleton (embed → layers → norm → head).
+"""Shared pieces of the hybrid decoders (Gemma 3, Qwen3.5, LFM2, Qwen3-Next): layer kinds, the
+common config, per-component K/V attention, and the model skeleton (embed → layers → norm → head).
 
 Layer kinds: "full" (attention over the FULL pool), "swa" (sliding-window attention over the SWA
 pool), "state" (recurrent / convolution layers over the StatePool). The i-th layer of a kind uses
@@ -10,7 +10,7 @@ docstring) plus `radixkv.memory.hybrid.ModelPools`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.hybrid import ModelPools, PoolSpec, StateLayerSpec
 from radixkv.memory.pool import KVPool, KVPoolConfig
 from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
-from radixkv.model.config import UnsupportedArchitectureError, _eos_ids, _opt_int
+from radixkv.model.batch import ForwardBatch
+from radixkv.model.blocks import Weights
+from radixkv.model.config import UnsupportedArchitectureError, _opt_int, base_fields
+from radixkv.model.linear import PackedLinear
 
-WeightGetter = Callable[[str], "torch.Tensor | None"]
 KINDS = ("full", "swa", "state")
 # HF `layer_types` entries → our component kinds.
 _HF_KINDS = {
@@ -87,27 +88,10 @@ class HybridConfig:
     @staticmethod
     def common(raw: dict[str, Any], gen: dict[str, Any] | None, **over: Any) -> dict[str, Any]:
         """The base fields parsed from an HF config dict (`over` replaces any of them)."""
-        num_layers = int(raw["num_hidden_layers"])
-        num_heads = int(raw["num_attention_heads"])
-        hidden = int(raw["hidden_size"])
-        g = gen or {}
-        fields: dict[str, Any] = dict(
-            architecture=(raw.get("architectures") or ["?"])[0],
-            num_layers=num_layers,
-            hidden_size=hidden,
-            vocab_size=int(raw["vocab_size"]),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            num_heads=num_heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or hidden // num_heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("norm_eps", 1e-6))),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            layer_kinds=layer_kinds(raw, num_layers),
-            sliding_window=_opt_int(raw.get("sliding_window")),
-            eos_token_ids=_eos_ids(raw, g),
-            bos_token_id=_opt_int(g.get("bos_token_id", raw.get("bos_token_id"))),
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-        )
+        fields = base_fields(raw, gen)
+        fields["architecture"] = (raw.get("architectures") or ["?"])[0]
+        fields["layer_kinds"] = layer_kinds(raw, fields["num_layers"])
+        fields["sliding_window"] = _opt_int(raw.get("sliding_window"))
         fields.update(over)
         if "swa" in fields["layer_kinds"] and not fields["sliding_window"]:
             raise UnsupportedArchitectureError("sliding layers without a sliding_window")
@@ -143,37 +127,6 @@ class HybridConfig:
         )
 
 
-def param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.contiguous(), requires_grad=False)
-
-
-class Weights:
-    """`need(name)` / `maybe(name)` under a prefix, over the loader's getter."""
-
-    def __init__(self, get: WeightGetter, prefix: str = "") -> None:
-        self.get, self.prefix = get, prefix
-
-    def need(self, name: str) -> nn.Parameter:
-        t = self.get(self.prefix + name)
-        if t is None:
-            raise KeyError(f"checkpoint is missing {self.prefix + name}")
-        return param(t)
-
-    def maybe(self, name: str) -> nn.Parameter | None:
-        t = self.get(self.prefix + name)
-        return None if t is None else param(t)
-
-    def sub(self, prefix: str) -> Weights:
-        return Weights(self.get, self.prefix + prefix)
-
-
-def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Gemma-style RMSNorm: float32 statistics, scaled by (1 + weight) in float32, cast back."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * (1.0 + weight.float())).to(x.dtype)
-
-
 def swa_view(batch: ForwardBatch) -> ForwardBatch:
     """The batch as the SWA pool sees it: SWA slots in place of FULL ones. Freed positions (-1)
     become slot 0: they are outside every window of this step, so never attended, and a backend
@@ -187,8 +140,20 @@ def swa_view(batch: ForwardBatch) -> ForwardBatch:
     )
 
 
+@dataclass(frozen=True)
+class AttnLayer:
+    """Where attention layer i of a model reads and writes: its component, its layer in that
+    component's pool, its window, its score scale."""
+
+    kind: str
+    pool_layer: int
+    window: int | None
+    scale: float
+
+
 class KVComponents:
-    """Per-forward access to the FULL and SWA pools: write a layer's new K/V, attend by slot."""
+    """Per-forward access to the FULL and SWA pools: write a layer's new K/V, attend by slot
+    (the LayerOps of an eager forward: `attend(layer, q, k, v)` and `linear`)."""
 
     def __init__(
         self,
@@ -197,8 +162,10 @@ class KVComponents:
         spec: PoolSpec,
         attention: AttentionBackend,
         device: torch.device,
+        layers: dict[int, AttnLayer],
     ) -> None:
         self.attention = attention
+        self.layers = layers
         self.pools: dict[str, KVPool] = {}
         self.meta: dict[str, AttentionMetadata] = {}
         self.out: dict[str, torch.Tensor] = {}
@@ -216,22 +183,18 @@ class KVComponents:
             self.meta["swa"] = attention.prepare(view, device)
             self.out["swa"] = view.out_slots.to(device)
 
-    def attend(
-        self,
-        kind: str,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        window: int | None,
-        scale: float,
-    ) -> torch.Tensor:
-        """Write k/v ([T, KV, D]) to pool layer `layer` of component `kind`, then attend q."""
-        pool = self.pools[kind]
+    def linear(self, lin: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        return lin(x)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write k/v ([T, KV, D]) of the model's layer `layer` to its component's pool, then
+        attend q."""
+        at = self.layers[layer]
+        pool = self.pools[at.kind]
         # Invariant: new K/V are in the pool before attention reads the context by slot.
-        pool.write(layer, self.out[kind], k, v)
+        pool.write(at.pool_layer, self.out[at.kind], k, v)
         return self.attention.attend(
-            q, pool.k[layer], pool.v[layer], self.meta[kind], window, scale
+            q, pool.k[at.pool_layer], pool.v[at.pool_layer], self.meta[at.kind], at.window, at.scale
         )
 
 
@@ -247,8 +210,9 @@ class Step:
 
 
 class HybridLM(nn.Module):
-    """Embed → layers → final norm → head. Families set `layers`, `norm_fn`, `embed_scale`,
-    `final_softcap` and build their per-forward extras in `prepare`."""
+    """Embed → layers → final norm → head. Families set `layers`, `embed_scale`,
+    `final_softcap`, `attn_scale`, implement `final_norm` and build their per-forward extras in
+    `prepare`. The head is a PackedLinear (the row-invariant GEMM where it serves)."""
 
     def __init__(
         self, cfg: HybridConfig, w: Weights, device: str, attention: AttentionBackend | None
@@ -260,6 +224,9 @@ class HybridLM(nn.Module):
         self.embed = w.need("model.embed_tokens.weight")
         head = None if cfg.tie_word_embeddings else w.maybe("lm_head.weight")
         self.lm_head = self.embed if head is None else head
+        self.head = PackedLinear(self.lm_head.detach())
+        self.attn_scale = cfg.head_dim**-0.5
+        self._attn_layers: dict[int, AttnLayer] | None = None
         self.embed_scale: float | None = None
         self.final_softcap: float | None = None
         self.layers = nn.ModuleList()
@@ -276,6 +243,18 @@ class HybridLM(nn.Module):
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def attn_layers(self) -> dict[int, AttnLayer]:
+        """Each attention layer's component, pool layer, window and scale."""
+        cfg = self.config
+        out = {}
+        for i, (kind, j) in enumerate(
+            zip(cfg.layer_kinds, kind_indices(cfg.layer_kinds), strict=True)
+        ):
+            if kind != "state":
+                window = cfg.sliding_window if kind == "swa" else None
+                out[i] = AttnLayer(kind, j, window, self.attn_scale)
+        return out
+
     def prepare(self, step: Step) -> None:
         """Family hook: fill `step.cache` (rope tables, state metadata) before the layers run."""
 
@@ -287,7 +266,9 @@ class HybridLM(nn.Module):
         x = F.embedding(batch.input_ids.to(device), self.embed)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
-        kv = KVComponents(batch, pools, self.spec, self.attention, device)
+        if self._attn_layers is None:  # families set attn_scale after this class's __init__
+            self._attn_layers = self.attn_layers()
+        kv = KVComponents(batch, pools, self.spec, self.attention, device, self._attn_layers)
         step = Step(batch, batch.positions.to(device), kv, pools, {})
         self.prepare(step)
         for layer in self.layers:
@@ -295,7 +276,7 @@ class HybridLM(nn.Module):
         if not batch.return_all_logits:
             last = torch.tensor(batch.extend_lens, device=device).cumsum(0) - 1
             x = x.index_select(0, last)
-        logits = F.linear(self.final_norm(x), self.lm_head).float()
+        logits = self.head(self.final_norm(x)).float()
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

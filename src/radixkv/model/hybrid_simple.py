@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.hybrid import ModelPools, PoolSpec
+from radixkv.model.batch import ForwardBatch
 from radixkv.model.loader import LoadedModel
 
 

@@ -1,10 +1,13 @@
-"""Stateless building blocks shared by the Llama family: RMSNorm, SiLU * up and rotary position
-embeddings, as `radixkv::` custom ops.
+"""Stateless building blocks shared by every family: RMSNorm (and Gemma's (1 + w) variant),
+SiLU * up, GELU * up and rotary position embeddings, as `radixkv::` custom ops.
 
 On CPU they run the C++ kernels of `radixkv.model.kernels` (pointwise.cpp): one fixed arithmetic
 per row, so a token's result does not depend on the batch, and the eager and compiled model give
 the same bits (inductor treats the ops as opaque calls instead of re-deriving their arithmetic).
-Elsewhere, and where the kernels cannot be built, they run the torch formulas below.
+Elsewhere, and where the kernels cannot be built, they run the torch formulas below. The (1 + w)
+norm and GELU * up have no C++ kernel: their torch formulas compute each row (each element) on its
+own, so they are row-invariant in eager torch too, and as custom ops the compiler does not rewrite
+their arithmetic either.
 
 Numerics follow the Hugging Face reference so that float32 logits agree to ~1e-5: the norm runs in
 float32 and casts back before the weight multiply; RoPE angles are computed in float32 from the
@@ -14,6 +17,7 @@ integer positions and cast to the activation dtype.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -66,11 +70,27 @@ def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
+def rms_norm_1p_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma-style RMSNorm: float32 statistics, scaled by (1 + weight) in float32, cast back."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + weight.float())).to(x.dtype)
+
+
+def _gelu_mul_impl(gate_up: torch.Tensor, tanh: bool) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh" if tanh else "none") * up
+
+
 LIB.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+LIB.define("rms_norm_1p(Tensor x, Tensor weight, float eps) -> Tensor")
+LIB.define("gelu_mul(Tensor gate_up, bool tanh) -> Tensor")
 LIB.define("silu_mul(Tensor gate_up) -> Tensor")
 LIB.define("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 LIB.impl("rms_norm", _rms_norm_impl, "CompositeExplicitAutograd")
+LIB.impl("rms_norm_1p", rms_norm_1p_torch, "CompositeExplicitAutograd")
 LIB.impl("silu_mul", _silu_mul_impl, "CompositeExplicitAutograd")
+LIB.impl("gelu_mul", _gelu_mul_impl, "CompositeExplicitAutograd")
 LIB.impl("rope", _rope_impl, "CompositeExplicitAutograd")
 
 
@@ -81,7 +101,13 @@ def _silu_mul_fake(gate_up: torch.Tensor) -> torch.Tensor:
 torch.library.register_fake(
     "radixkv::rms_norm", lambda x, weight, eps: torch.empty_like(x), lib=LIB
 )
+torch.library.register_fake(
+    "radixkv::rms_norm_1p", lambda x, weight, eps: torch.empty_like(x), lib=LIB
+)
 torch.library.register_fake("radixkv::silu_mul", _silu_mul_fake, lib=LIB)
+torch.library.register_fake(
+    "radixkv::gelu_mul", lambda gate_up, tanh: _silu_mul_fake(gate_up), lib=LIB
+)
 torch.library.register_fake(
     "radixkv::rope",
     lambda x, cos, sin: x.new_empty(x.shape),
@@ -89,14 +115,39 @@ torch.library.register_fake(
 )
 
 
+# torch's CPU element-wise loops run 2 x 512-bit vectors at a time (32 floats, 64 bf16) and the
+# remainder through a scalar tail whose sigmoid / SiLU / softplus / GELU can round differently.
+LANES = 64
+
+
+def lanewise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """fn(x) for an element-wise fn over rows of x [..., n], with every row padded to a multiple
+    of LANES, so each element takes torch's vector path whatever the row count (a [T, 1] gate
+    would otherwise take the scalar tail alone and the vector path in a batch)."""
+    n = x.shape[-1]
+    if n % LANES == 0:
+        return fn(x)
+    return fn(F.pad(x, (0, LANES - n % LANES)))[..., :n]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim (float32 statistics, result in x's dtype times `weight`)."""
     return torch.ops.radixkv.rms_norm(x, weight, eps)
 
 
+def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma / Qwen3.5 RMSNorm: float32 statistics times (1 + weight) in float32, cast back."""
+    return torch.ops.radixkv.rms_norm_1p(x, weight, eps)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up] along the last dim."""
     return torch.ops.radixkv.silu_mul(gate_up)
+
+
+def gelu_mul(gate_up: torch.Tensor, tanh: bool) -> torch.Tensor:
+    """gelu(gate) * up (tanh approximation if `tanh`) for gate_up = [gate | up]."""
+    return torch.ops.radixkv.gelu_mul(gate_up, tanh)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
+from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, Step, Weights, kind_indices
-from radixkv.model.layers import apply_rope, rms_norm
+from radixkv.model.hybrid import HybridConfig, Step, kind_indices
+from radixkv.model.layers import rms_norm
 from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv
 
 
@@ -67,47 +67,42 @@ class Lfm2Layer(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.op_norm = w.need("operator_norm.weight")
         self.ffn_norm = w.need("ffn_norm.weight")
-        self.w1, self.w3, self.w2 = (w.need(f"feed_forward.{n}.weight") for n in ("w1", "w3", "w2"))
-        self.heads, self.kv_heads, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.mlp = GatedMLP(w.sub("feed_forward."), names=("w1", "w3", "w2"))
+        self.attn: Attention | None = None
         if self.kind == "state":
             c = w.sub("conv.")
-            self.in_w, self.in_b = c.need("in_proj.weight"), c.maybe("in_proj.bias")
+            self.in_proj = c.linear("in_proj", bias=None)
             self.conv_w = nn.Parameter(c.need("conv.weight")[:, 0, :].contiguous(), False)
             self.conv_b = c.maybe("conv.bias")
-            self.out_w, self.out_b = c.need("out_proj.weight"), c.maybe("out_proj.bias")
+            self.out_proj = c.linear("out_proj", bias=None)
         else:
-            a = w.sub("self_attn.")
-            self.qkv_w = nn.Parameter(
-                torch.cat([a.need(f"{n}_proj.weight") for n in "qkv"]), requires_grad=False
+            spec = AttentionSpec(
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                cfg.rms_norm_eps,
+                qk_norm="rms",
+                q_norm="q_layernorm",
+                k_norm="k_layernorm",
+                o_proj="out_proj",
             )
-            self.o_w = a.need("out_proj.weight")
-            self.q_norm, self.k_norm = a.need("q_layernorm.weight"), a.need("k_layernorm.weight")
+            self.attn = Attention(spec, index, w.sub("self_attn."))
 
     def _conv(self, h: torch.Tensor, step: Step) -> torch.Tensor:
-        b, c, x = F.linear(h, self.in_w, self.in_b).chunk(3, dim=-1)
+        b, c, x = self.in_proj(h).chunk(3, dim=-1)
         meta: StateMeta = step.cache["state"]
         assert step.pools.state is not None
         conv_state = step.pools.state.tensors[self.pool_layer]["conv"]
         y = c * causal_conv(b * x, conv_state, meta, self.conv_w, self.conv_b)
-        return F.linear(y, self.out_w, self.out_b)
-
-    def _attn(self, h: torch.Tensor, step: Step) -> torch.Tensor:
-        t = h.shape[0]
-        q_size, kv_size = self.heads * self.hd, self.kv_heads * self.hd
-        q, k, v = F.linear(h, self.qkv_w).split([q_size, kv_size, kv_size], dim=-1)
-        q = rms_norm(q.reshape(t, self.heads, self.hd), self.q_norm, self.eps)
-        k = rms_norm(k.reshape(t, self.kv_heads, self.hd), self.k_norm, self.eps)
-        cos, sin = step.cache["rope"]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        v = v.reshape(t, self.kv_heads, self.hd)
-        o = step.kv.attend("full", self.pool_layer, q, k, v, None, self.hd**-0.5)
-        return F.linear(o.reshape(t, q_size).to(h.dtype), self.o_w)
+        return self.out_proj(y)
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         h = rms_norm(x, self.op_norm, self.eps)
-        x = x + (self._conv(h, step) if self.kind == "state" else self._attn(h, step))
-        h = rms_norm(x, self.ffn_norm, self.eps)
-        return x + F.linear(F.silu(F.linear(h, self.w1)) * F.linear(h, self.w3), self.w2)
+        if self.attn is None:
+            x = x + self._conv(h, step)
+        else:
+            x = x + self.attn(h, *step.cache["rope"], step.kv)
+        return x + self.mlp(rms_norm(x, self.ffn_norm, self.eps), step.kv)
 
 
 class Lfm2LM(RopeStateLM):

@@ -7,43 +7,34 @@ one matmul each at load time; names of the fused parameters are ours, the loader
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
-from radixkv.model.config import ModelConfig
+from radixkv.model.batch import ForwardBatch
+from radixkv.model.blocks import (
+    Attention,
+    AttentionSpec,
+    GatedMLP,
+    LayerOps,
+    WeightGetter,
+    Weights,
+)
+from radixkv.model.config import LlamaConfig
 from radixkv.model.hybrid import single_pool
-from radixkv.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, silu_mul
+from radixkv.model.layers import rms_norm, rope_cos_sin, rope_inv_freq
 from radixkv.model.linear import PackedLinear
 
 if TYPE_CHECKING:
     from radixkv.model.compiled import CompiledStack
 
-# Returns the HF tensor of that name (already on the target device/dtype), or None if absent.
-WeightGetter = Callable[[str], "torch.Tensor | None"]
-
-
-def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.contiguous(), requires_grad=False)
-
-
-class LayerOps(Protocol):
-    """The two calls a decoder layer makes that are not element-wise: a projection and
-    attention over the pool (which also stores this step's K/V)."""
-
-    def linear(self, lin: PackedLinear, x: torch.Tensor) -> torch.Tensor: ...
-
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor: ...
+__all__ = ["CausalLM", "DecoderLayer", "ForwardContext", "LayerOps", "WeightGetter"]
 
 
 @dataclass
@@ -72,75 +63,33 @@ class ForwardContext:
 class DecoderLayer(nn.Module):
     """One pre-norm block: attention with the KV pool, then a SwiGLU MLP."""
 
-    def __init__(self, cfg: ModelConfig, index: int, get: WeightGetter) -> None:
+    def __init__(self, cfg: LlamaConfig, index: int, w: Weights) -> None:
         super().__init__()
         self.index = index
         self.window = cfg.layer_windows[index]
         self.eps = cfg.rms_norm_eps
-        self.num_heads, self.num_kv_heads, self.head_dim = (
+        self.input_norm = w.need("input_layernorm.weight")
+        self.post_norm = w.need("post_attention_layernorm.weight")
+        spec = AttentionSpec(
             cfg.num_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
+            cfg.rms_norm_eps,
+            qkv_bias=cfg.qkv_bias,
+            o_bias=cfg.o_bias,
+            qk_norm="rms" if cfg.qk_norm else None,
         )
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        p = f"model.layers.{index}."
-
-        def need(name: str) -> torch.Tensor:
-            t = get(p + name)
-            if t is None:
-                raise KeyError(f"checkpoint is missing {p + name}")
-            return t
-
-        def maybe(name: str, wanted: bool) -> torch.Tensor | None:
-            return need(name) if wanted else None
-
-        a = "self_attn."
-        self.input_norm = _param(need("input_layernorm.weight"))
-        self.post_norm = _param(need("post_attention_layernorm.weight"))
-        self.qkv = PackedLinear(
-            torch.cat(
-                [need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")]
-            ),
-            torch.cat([need(a + f"{n}_proj.bias") for n in "qkv"]) if cfg.qkv_bias else None,
-        )
-        self.o_proj = PackedLinear(need(a + "o_proj.weight"), maybe(a + "o_proj.bias", cfg.o_bias))
-        self.q_norm = _param(need(a + "q_norm.weight")) if cfg.qk_norm else None
-        self.k_norm = _param(need(a + "k_norm.weight")) if cfg.qk_norm else None
-        m = "mlp."
-        self.inter = cfg.intermediate_size
-        self.gate_up = PackedLinear(
-            torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")]),
-            torch.cat([need(m + "gate_proj.bias"), need(m + "up_proj.bias")])
-            if cfg.mlp_bias
-            else None,
-        )
-        self.down = PackedLinear(
-            need(m + "down_proj.weight"), maybe(m + "down_proj.bias", cfg.mlp_bias)
-        )
+        self.attn = Attention(spec, index, w.sub("self_attn."))
+        self.mlp = GatedMLP(w.sub("mlp."), bias=cfg.mlp_bias)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: LayerOps
     ) -> torch.Tensor:
         """x [T, hidden] → x after this block. `ops` supplies the linear and attention calls
-        (eager, or custom ops when traced by the compiler); everything else here is plain
-        element-wise torch that inductor fuses (residual add + RMSNorm, RoPE, SiLU * up)."""
-        t = x.shape[0]
-        h = rms_norm(x, self.input_norm, self.eps)
-        qkv = ops.linear(self.qkv, h)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = rms_norm(q, self.q_norm, self.eps)
-            k = rms_norm(k, self.k_norm, self.eps)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        o = ops.attend(self.index, q, k, v)
-        x = x + ops.linear(self.o_proj, o.reshape(t, self.q_size).to(x.dtype))
-        h = rms_norm(x, self.post_norm, self.eps)
-        return x + ops.linear(self.down, silu_mul(ops.linear(self.gate_up, h)))
+        (eager, or custom ops when traced by the compiler); everything else is a custom op or
+        element-wise torch (residual adds, casts)."""
+        x = x + self.attn(rms_norm(x, self.input_norm, self.eps), cos, sin, ops)
+        return x + self.mlp(rms_norm(x, self.post_norm, self.eps), ops)
 
 
 class CausalLM(nn.Module):
@@ -149,7 +98,7 @@ class CausalLM(nn.Module):
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: LlamaConfig,
         get: WeightGetter,
         device: str = "cpu",
         attention: AttentionBackend | None = None,
@@ -158,18 +107,15 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.pool_spec = cfg.pool_spec()
         self.attention: AttentionBackend = attention or TorchAttention()
-        embed = get("model.embed_tokens.weight")
-        if embed is None:
-            raise KeyError("checkpoint is missing model.embed_tokens.weight")
-        self.embed = _param(embed)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, get) for i in range(cfg.num_layers))
-        norm = get("model.norm.weight")
-        if norm is None:
-            raise KeyError("checkpoint is missing model.norm.weight")
-        self.norm = _param(norm)
-        head = None if cfg.tie_word_embeddings else get("lm_head.weight")
+        w = Weights(get)
+        self.embed = w.need("model.embed_tokens.weight")
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
+        )
+        self.norm = w.need("model.norm.weight")
+        head = None if cfg.tie_word_embeddings else w.maybe("lm_head.weight")
         # Tied checkpoints (or ones that omit lm_head) share the embedding matrix.
-        self.lm_head = self.embed if head is None else _param(head)
+        self.lm_head = self.embed if head is None else head
         # The output projection in packed form (a packed copy when tied: the embedding lookup
         # needs the plain matrix).
         self.head = PackedLinear(self.lm_head.detach())

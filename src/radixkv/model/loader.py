@@ -4,49 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from radixkv.model.attention import AttentionBackend, select_backend
-from radixkv.model.config import HYBRID_ARCHITECTURES, ModelConfig
+from radixkv.model.config import LlamaConfig
 from radixkv.model.hybrid import HybridConfig, HybridLM
 from radixkv.model.llama import CausalLM
+from radixkv.model.registry import family, load_config
 from radixkv.model.tokenizer import Tokenizer
 from radixkv.model.weights import SafetensorsWeights
 
-# Hybrid architecture → (module, config class, model class) under radixkv.model.
-FAMILIES: dict[str, tuple[str, str, str]] = {
-    "Gemma3ForCausalLM": ("gemma3", "Gemma3Config", "Gemma3LM"),
-    "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen35Config", "Qwen35LM"),
-    "Lfm2ForCausalLM": ("lfm2", "Lfm2Config", "Lfm2LM"),
-    "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextConfig", "Qwen3NextLM"),
-}
-assert set(FAMILIES) == set(HYBRID_ARCHITECTURES)
-
-
-def _family(arch: str) -> tuple[Any, Callable[..., HybridLM]]:
-    module, config_cls, model_cls = FAMILIES[arch]
-    mod = import_module(f"radixkv.model.{module}")
-    return getattr(mod, config_cls), getattr(mod, model_cls)
-
-
-def load_config(path: str | os.PathLike[str]) -> ModelConfig | HybridConfig:
-    """The config of any supported checkpoint (UnsupportedArchitectureError otherwise)."""
-    root = Path(path)
-    raw = json.loads((root / "config.json").read_text())
-    gen_path = root / "generation_config.json"
-    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
-    archs = raw.get("architectures") or []
-    if archs and archs[0] in FAMILIES:
-        config_cls, _ = _family(archs[0])
-        config: HybridConfig = config_cls.from_dict(raw, gen)
-        return config
-    return ModelConfig.from_dict(raw, gen)
+__all__ = ["LoadedModel", "default_dtype", "load_config", "load_model"]
 
 
 @dataclass
@@ -55,7 +27,7 @@ class LoadedModel:
     `config.pool_spec()`; Llama-family models also take a bare KVPool (their one component)."""
 
     model: CausalLM | HybridLM
-    config: ModelConfig | HybridConfig
+    config: LlamaConfig | HybridConfig
     tokenizer: Tokenizer
     path: Path
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -80,7 +52,7 @@ def load_model(
     dtype: torch.dtype | None = None,
     attention: AttentionBackend | None = None,
 ) -> LoadedModel:
-    """Load a Llama-family or hybrid (FAMILIES) HF checkpoint (None → the embedded
+    """Load an HF checkpoint of any architecture in radixkv.model.registry (None → the embedded
     SmolLM2-135M-Instruct).
 
     Raises UnsupportedArchitectureError for other architectures, before reading any weights.
@@ -98,12 +70,8 @@ def load_model(
     dtype = dtype or default_dtype(device)
     weights = SafetensorsWeights(root, dtype=dtype, device=device)
     backend = attention or select_backend(device)
-    model: CausalLM | HybridLM
-    if isinstance(config, ModelConfig):
-        model = CausalLM(config, weights.get, device=device, attention=backend)
-    else:
-        _, model_cls = _family(config.architecture)
-        model = model_cls(config, weights.get, device=device, attention=backend)
+    model_cls = family(config.architecture).model_class()
+    model: CausalLM | HybridLM = model_cls(config, weights.get, device=device, attention=backend)
     allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
     leftover = weights.unused(allowed)
     weights.close()

@@ -21,12 +21,13 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention import TorchAttention
+from radixkv.model.batch import ForwardBatch
 from radixkv.model.loader import LoadedModel, load_model
 from radixkv.model.simple import single_batch
 
@@ -151,12 +152,15 @@ def _variant(name: str, dtype: torch.dtype) -> LoadedModel:
         else:
             os.environ["RADIXKV_PACK_WEIGHTS"] = old
     if name == "compiled":
-        # Compile and warm up exactly as the engine does (ModelRunner.compile).
-        from radixkv.engine.runner import ModelRunner
-        from radixkv.memory.req_table import ReqToTokenTable
-
+        # Compile and warm up as the engine's ModelRunner.compile does: a two-token forward
+        # (the dynamic-shape graph) and a one-token one (its own graph).
+        model: Any = lm.model
+        model.compile()
         pool = KVPool(lm.config.pool_config(2, dtype=lm.dtype))
-        ModelRunner(lm.model, pool, ReqToTokenTable(1, 2, "cpu")).compile()
+        slots = torch.arange(2, dtype=torch.int64)
+        with torch.inference_mode():
+            lm.model(ForwardBatch.from_contexts([0, 0], [slots], [2]), pool)
+            lm.model(ForwardBatch.from_contexts([0], [slots], [1]), pool)
     return lm
 
 

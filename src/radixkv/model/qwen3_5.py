@@ -20,9 +20,10 @@ from torch import nn
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model import deltanet
 from radixkv.model.attention import AttentionBackend
+from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, Step, Weights, kind_indices, rms_norm_1p
-from radixkv.model.layers import apply_rope, rms_norm
+from radixkv.model.hybrid import HybridConfig, Step, kind_indices
+from radixkv.model.layers import lanewise, rms_norm, rms_norm_1p
 from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv, read_state
 
 ARCH = "Qwen3_5ForCausalLM"
@@ -91,14 +92,12 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, cfg: Qwen35Config, w: Weights) -> None:
         super().__init__()
         self.cfg = cfg
-        self.qkv_w, self.z_w = w.need("in_proj_qkv.weight"), w.need("in_proj_z.weight")
-        self.ba_w = nn.Parameter(
-            torch.cat([w.need("in_proj_b.weight"), w.need("in_proj_a.weight")]), requires_grad=False
-        )
+        self.in_qkv, self.in_z = w.linear("in_proj_qkv"), w.linear("in_proj_z")
+        self.in_ba = w.linear("in_proj_b", "in_proj_a")
         self.conv_w = nn.Parameter(w.need("conv1d.weight")[:, 0, :].contiguous(), False)
         self.conv_b = w.maybe("conv1d.bias")
         self.dt_bias, self.a_log = w.need("dt_bias"), w.need("A_log")
-        self.norm_w, self.out_w = w.need("norm.weight"), w.need("out_proj.weight")
+        self.norm_w, self.out_proj = w.need("norm.weight"), w.linear("out_proj")
         self.eps = cfg.rms_norm_eps
 
     def forward(
@@ -106,23 +105,21 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         c = self.cfg
         t = h.shape[0]
-        mixed = F.silu(
-            causal_conv(F.linear(h, self.qkv_w), state["conv"], meta, self.conv_w, self.conv_b)
-        )
+        mixed = F.silu(causal_conv(self.in_qkv(h), state["conv"], meta, self.conv_w, self.conv_b))
         kd = c.k_heads * c.k_dim
         q, k, v = mixed.split([kd, kd, c.v_heads * c.v_dim], dim=-1)
         q, k = deltanet.prepare_qk(
             q.reshape(t, c.k_heads, c.k_dim), k.reshape(t, c.k_heads, c.k_dim), c.v_heads
         )
         v = v.reshape(t, c.v_heads, c.v_dim)
-        b, a = F.linear(h, self.ba_w).split(c.v_heads, dim=-1)
-        beta = b.float().sigmoid()
-        g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        b, a = self.in_ba(h).split(c.v_heads, dim=-1)
+        beta = lanewise(torch.sigmoid, b.float())
+        g = -self.a_log.float().exp() * lanewise(F.softplus, a.float() + self.dt_bias.float())
         core = self._rule(q, k, v, g, beta, state["recurrent"], meta)
-        z = F.linear(h, self.z_w).reshape(t, c.v_heads, c.v_dim)
+        z = self.in_z(h).reshape(t, c.v_heads, c.v_dim)
         o = rms_norm(core.to(h.dtype), self.norm_w, self.eps)  # norm before the gate
         o = (o * F.silu(z.float())).to(h.dtype)
-        return F.linear(o.reshape(t, -1), self.out_w)
+        return self.out_proj(o.reshape(t, -1))
 
     def _rule(
         self,
@@ -157,52 +154,17 @@ class GatedDeltaNet(nn.Module):
         return out
 
 
-class GatedAttention(nn.Module):
-    def __init__(self, cfg: Qwen35Config, w: Weights) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.rot = cfg.rotary_dim
-        self.eps = cfg.rms_norm_eps
-        self.qkv_w = nn.Parameter(
-            torch.cat([w.need(f"{n}_proj.weight") for n in "qkv"]), requires_grad=False
-        )
-        self.o_w = w.need("o_proj.weight")
-        self.q_norm, self.k_norm = w.need("q_norm.weight"), w.need("k_norm.weight")
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.rot == self.hd:
-            return apply_rope(x, cos, sin)
-        return torch.cat([apply_rope(x[..., : self.rot], cos, sin), x[..., self.rot :]], dim=-1)
-
-    def forward(self, h: torch.Tensor, step: Step, pool_layer: int) -> torch.Tensor:
-        t = h.shape[0]
-        q_size, kv_size = self.heads * self.hd, self.kv_heads * self.hd
-        qg, k, v = F.linear(h, self.qkv_w).split([2 * q_size, kv_size, kv_size], dim=-1)
-        # Per head: hd query features, then hd gate features.
-        q, gate = qg.reshape(t, self.heads, 2 * self.hd).split(self.hd, dim=-1)
-        q = rms_norm_1p(q, self.q_norm, self.eps)
-        k = rms_norm_1p(k.reshape(t, self.kv_heads, self.hd), self.k_norm, self.eps)
-        cos, sin = step.cache["rope"]
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-        v = v.reshape(t, self.kv_heads, self.hd)
-        o = step.kv.attend("full", pool_layer, q, k, v, None, self.hd**-0.5)
-        o = o.reshape(t, q_size).to(h.dtype) * torch.sigmoid(gate.reshape(t, q_size))
-        return F.linear(o, self.o_w)
-
-
-class DenseMLP(nn.Module):
-    """SwiGLU MLP (gate and up projections fused)."""
-
-    def __init__(self, w: Weights) -> None:
-        super().__init__()
-        gate = w.need("gate_proj.weight")
-        self.inter = gate.shape[0]
-        self.gate_up_w = nn.Parameter(torch.cat([gate, w.need("up_proj.weight")]), False)
-        self.down_w = w.need("down_proj.weight")
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(h, self.gate_up_w).split(self.inter, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_w)
+def attention_spec(cfg: Qwen35Config) -> AttentionSpec:
+    """Gated attention: (1 + w) Q/K norms, partial RoPE, a sigmoid output gate per head."""
+    return AttentionSpec(
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.rms_norm_eps,
+        qk_norm="rms_1p",
+        rotary_dim=cfg.rotary_dim,
+        output_gate=True,
+    )
 
 
 class Qwen35Layer(nn.Module):
@@ -213,15 +175,15 @@ class Qwen35Layer(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.in_norm = w.need("input_layernorm.weight")
         self.post_norm = w.need("post_attention_layernorm.weight")
-        self.mixer: GatedDeltaNet | GatedAttention
+        self.mixer: GatedDeltaNet | Attention
         if self.kind == "state":
             self.mixer = GatedDeltaNet(cfg, w.sub("linear_attn."))
         else:
-            self.mixer = GatedAttention(cfg, w.sub("self_attn."))
+            self.mixer = Attention(attention_spec(cfg), index, w.sub("self_attn."))
         self.mlp = self.make_mlp(cfg, index, w.sub("mlp."))
 
     def make_mlp(self, cfg: Qwen35Config, index: int, w: Weights) -> nn.Module:
-        return DenseMLP(w)
+        return GatedMLP(w)
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         h = rms_norm_1p(x, self.in_norm, self.eps)
@@ -230,7 +192,7 @@ class Qwen35Layer(nn.Module):
             state = step.pools.state.tensors[self.pool_layer]
             x = x + self.mixer(h, state, step.cache["state"])
         else:
-            x = x + self.mixer(h, step, self.pool_layer)
+            x = x + self.mixer(h, *step.cache["rope"], step.kv)
         return x + self.mlp(rms_norm_1p(x, self.post_norm, self.eps))
 
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixkv.model.hybrid import WeightGetter, Weights
-from radixkv.model.qwen3_5 import DenseMLP, Qwen35Config, Qwen35Layer, Qwen35LM
+from radixkv.model.blocks import GatedMLP, WeightGetter, Weights
+from radixkv.model.layers import lanewise
+from radixkv.model.qwen3_5 import Qwen35Config, Qwen35Layer, Qwen35LM
 
 ARCH = "Qwen3NextForCausalLM"
 
@@ -84,15 +84,15 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: Qwen3NextConfig, w: Weights) -> None:
         super().__init__()
         self.top_k, self.norm_topk = cfg.top_k, cfg.norm_topk_prob
-        self.router = w.need("gate.weight")
+        self.router = w.linear("gate")
         self.experts = nn.ModuleList(
-            DenseMLP(w.sub(f"experts.{e}.")) for e in range(cfg.num_experts)
+            GatedMLP(w.sub(f"experts.{e}.")) for e in range(cfg.num_experts)
         )
-        self.shared = DenseMLP(w.sub("shared_expert."))
-        self.shared_gate = w.need("shared_expert_gate.weight")
+        self.shared = GatedMLP(w.sub("shared_expert."))
+        self.shared_gate = w.linear("shared_expert_gate")
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(F.linear(h, self.router), dim=-1, dtype=torch.float32)
+        probs = torch.softmax(self.router(h), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -102,13 +102,13 @@ class SparseMoE(nn.Module):
             rows, slot = torch.where(chosen == e)
             y = self.experts[e](h[rows]) * weights[rows, slot, None]
             out.index_add_(0, rows, y)
-        return out + torch.sigmoid(F.linear(h, self.shared_gate)) * self.shared(h)
+        return out + lanewise(torch.sigmoid, self.shared_gate(h)) * self.shared(h)
 
 
 class Qwen3NextLayer(Qwen35Layer):
     def make_mlp(self, cfg: Qwen35Config, index: int, w: Weights) -> nn.Module:
         assert isinstance(cfg, Qwen3NextConfig)
-        return SparseMoE(cfg, w) if cfg.is_sparse(index) else DenseMLP(w)
+        return SparseMoE(cfg, w) if cfg.is_sparse(index) else GatedMLP(w)
 
 
 class Qwen3NextLM(Qwen35LM):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.pool import KVPool
+from radixkv.model.batch import ForwardBatch
 from radixkv.model.loader import LoadedModel
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from radixkv.engine.batch import ForwardBatch
 from radixkv.memory.hybrid import StatePool
+from radixkv.model.batch import ForwardBatch
 from radixkv.model.hybrid import HybridLM, Step
 from radixkv.model.layers import rope_cos_sin, rope_inv_freq
 
@@ -64,6 +63,22 @@ def read_state(t: torch.Tensor, run: StateRun) -> torch.Tensor:
     return torch.zeros_like(t[run.slot]) if run.fresh else t[run.slot]
 
 
+def conv_taps(full: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Depthwise conv without padding: full [..., C, K-1+t], weight [C, K] → [..., C, t] in
+    full's dtype. Each output is one float32 chain over the K taps in order (then + bias, one
+    rounding), element-wise, so a token's result is the same bits in a prompt, a chunk of any
+    size or a decode step, whatever else is in the batch."""
+    k = weight.shape[1]
+    t = full.shape[-1] - k + 1
+    wf = weight.float()
+    acc = full[..., 0:t].float() * wf[:, 0:1]
+    for j in range(1, k):
+        acc = acc + full[..., j : j + t].float() * wf[:, j : j + 1]
+    if bias is not None:
+        acc = acc + bias.float()[:, None]
+    return acc.to(full.dtype)
+
+
 def conv_extend(
     x: torch.Tensor,
     state: torch.Tensor,
@@ -73,8 +88,7 @@ def conv_extend(
     """Depthwise causal conv over new inputs x [t, C] after the last K-1 inputs `state`
     [C, K-1] (zeros before the first token); returns (out [t, C], new state [C, K-1])."""
     full = torch.cat([state.to(x.dtype), x.t()], dim=-1)  # [C, K-1+t]
-    out = F.conv1d(full[None], weight[:, None, :], bias, groups=weight.shape[0])[0]
-    return out.t(), full[:, full.shape[1] - state.shape[1] :]
+    return conv_taps(full, weight, bias).t(), full[:, full.shape[1] - state.shape[1] :]
 
 
 def conv_decode(
@@ -82,8 +96,7 @@ def conv_decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One new input per sequence: x [R, C], states [R, C, K-1] → (out [R, C], new [R, C, K-1])."""
     full = torch.cat([states.to(x.dtype), x[:, :, None]], dim=-1)  # [R, C, K]
-    out = F.conv1d(full, weight[:, None, :], bias, groups=weight.shape[0])[:, :, 0]
-    return out, full[:, :, 1:]
+    return conv_taps(full, weight, bias)[:, :, 0], full[:, :, 1:]
 
 
 def causal_conv(

@@ -1,0 +1,83 @@
+"""The one table of supported architectures: a checkpoint's `architectures[0]` → its family's
+config class and model class.
+
+To add an architecture: write its config (a frozen dataclass with `from_dict(raw, gen)`, or new
+flags on an existing family's config) and its model (built from the blocks of
+radixkv.model.blocks, constructed as `Model(config, get, device=, attention=)`), then add one
+line here. Family modules are imported on first use, so reading a config does not import every
+family.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from radixkv.model.config import LLAMA_ARCHITECTURES, UnsupportedArchitectureError
+
+if TYPE_CHECKING:
+    from radixkv.model.config import LlamaConfig
+    from radixkv.model.hybrid import HybridConfig
+
+AnyConfig: TypeAlias = "LlamaConfig | HybridConfig"
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a family lives: its module under radixkv.model and the two class names there."""
+
+    module: str
+    config: str
+    model: str
+
+    def config_class(self) -> Any:
+        return getattr(import_module(f"radixkv.model.{self.module}"), self.config)
+
+    def model_class(self) -> Any:
+        return getattr(import_module(f"radixkv.model.{self.module}"), self.model)
+
+
+_LLAMA = Family("llama", "LlamaConfig", "CausalLM")
+ARCHITECTURES: dict[str, Family] = {
+    **dict.fromkeys(LLAMA_ARCHITECTURES, _LLAMA),
+    "Gemma3ForCausalLM": Family("gemma3", "Gemma3Config", "Gemma3LM"),
+    "Qwen3_5ForCausalLM": Family("qwen3_5", "Qwen35Config", "Qwen35LM"),
+    "Lfm2ForCausalLM": Family("lfm2", "Lfm2Config", "Lfm2LM"),
+    "Qwen3NextForCausalLM": Family("qwen3_next", "Qwen3NextConfig", "Qwen3NextLM"),
+}
+
+
+def architecture(raw: dict[str, Any]) -> str:
+    """The architecture a config dict declares (its model_type if it lists none)."""
+    archs = raw.get("architectures") or []
+    return archs[0] if archs else str(raw.get("model_type", "<missing>"))
+
+
+def family(arch: str) -> Family:
+    """The family of `arch`; UnsupportedArchitectureError naming the supported ones otherwise."""
+    found = ARCHITECTURES.get(arch)
+    if found is None:
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
+        )
+    return found
+
+
+def parse_config(raw: dict[str, Any], gen: dict[str, Any] | None = None) -> AnyConfig:
+    """The family config of an HF config dict (and its generation config)."""
+    config: AnyConfig = family(architecture(raw)).config_class().from_dict(raw, gen or {})
+    return config
+
+
+def load_config(path: str | os.PathLike[str]) -> AnyConfig:
+    """The config of any supported checkpoint directory (UnsupportedArchitectureError
+    otherwise)."""
+    root = Path(path)
+    raw = json.loads((root / "config.json").read_text())
+    gen_path = root / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    return parse_config(raw, gen)
