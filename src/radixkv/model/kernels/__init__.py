@@ -70,10 +70,13 @@ def _cpu_tag() -> str:
 
 
 def _source_tag() -> str:
-    """A short hash of the kernel sources and headers: another version of them builds in its own
-    folder instead of rebuilding over this one (two checkouts side by side, an upgrade)."""
-    digest = hashlib.sha1()
-    for path in sorted(Path(__file__).parent.glob("*.[ch]*")):
+    """A short hash of the kernel sources and headers and of where they are: another version of
+    them builds in its own folder instead of rebuilding over this one (an upgrade), and so does
+    another checkout of the same version (torch's builder writes the sources' absolute paths
+    into its build file, so two checkouts sharing a folder would rebuild it in turn)."""
+    here = Path(__file__).parent
+    digest = hashlib.sha1(str(here.resolve()).encode())
+    for path in sorted(here.glob("*.[ch]*")):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:8]
 
