@@ -20,6 +20,7 @@ import numpy as np
 
 from radixkv.cache.base import PrefixCache
 from radixkv.engine.components_kv import ComponentMemory
+from radixkv.engine.kv_events import NULL_SINK, EventSink
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
@@ -46,6 +47,8 @@ class KVManager:
         self._swa_prefix: dict[int, Any] = {}  # id(req) -> matched SWA slots, until bind
         # Host/storage tiers (engine/tiers.py); hooks: on_insert, on_evict, on_l1_hit, extend.
         self.tiers: TierManager | None = None
+        # KV events (engine/kv_events.py); hooks: every `self.events.` call below.
+        self.events: EventSink = NULL_SINK
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -64,6 +67,7 @@ class KVManager:
                 evicted = self.cache.evict(short * self.page_size)
                 if self.tiers is not None:  # write_back demotes before the slots are freed
                     self.tiers.on_evict(evicted)
+                self.events.removed(evicted)  # KV events hook
                 self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
@@ -71,7 +75,9 @@ class KVManager:
     def _evict_full(self, num_tokens: int) -> None:
         assert self.cache is not None
         if self.comp is None:
-            self.allocator.free_slots_of_pages(self.cache.evict(num_tokens))
+            evicted = self.cache.evict(num_tokens)
+            self.events.removed(evicted)  # KV events hook
+            self.allocator.free_slots_of_pages(evicted)
             return
         self.comp._free(self.cache.evict_components(full_tokens=num_tokens))  # type: ignore[attr-defined]
 
@@ -96,7 +102,10 @@ class KVManager:
         if self.tiers is None:
             return m.length, slots
         self.tiers.on_l1_hit(slots)
-        return self.tiers.extend(self, req, m.length, slots)
+        length, slots = self.tiers.extend(self, req, m.length, slots)
+        if length > m.length:  # KV events hook: pages loaded from L2 joined the tree
+            self.events.stored(req.tokens, slots, m.length, length, req.namespace, length)
+        return length, slots
 
     def reserve_components(self, req: Request) -> bool:
         """Hybrid: take what a request needs besides FULL pages before it is bound."""
@@ -198,6 +207,8 @@ class KVManager:
             self.comp.after_insert(req, out, aligned)
         if self.tiers is not None:
             self.tiers.on_insert(req, slots, cached, aligned)
+        if cached < aligned:  # KV events hook: the tree adopted [cached, aligned)
+            self.events.stored(req.tokens, slots, cached, aligned, req.namespace, req.prefix_len)
         if cached < req.prefix_len:
             raise RuntimeError(
                 f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
@@ -287,10 +298,12 @@ class KVManager:
                 self.comp._free(c.evict_components(checkpoints=everything))
         elif idle:
             self.allocator.free_slots_of_pages(self.cache.reset())
+            self.events.cleared()  # KV events hook
         else:
             evicted = self.cache.evict(self.cache.evictable_size)
             if self.tiers is not None:
                 self.tiers.on_evict(evicted, demote=False)
+            self.events.removed(evicted)  # KV events hook
             self.allocator.free_slots_of_pages(evicted)
         if self.tiers is not None:
             self.tiers.flush(device_reset=idle)
