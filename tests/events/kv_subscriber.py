@@ -85,10 +85,11 @@ class Subscriber:
             if until_seq is not None and self.next_seq > until_seq:
                 return
             if not self.sub.poll(int(quiet_s * 1000)):
-                if until_seq is None:
-                    return
+                before = self.next_seq
                 if self.replay_endpoint is not None:
                     self.replay(self.next_seq)  # the tail may have been dropped: ask for it
+                if until_seq is None and self.next_seq == before:
+                    return
                 continue
             topic, seq_b, payload = self.sub.recv_multipart()
             assert topic == self.topic
