@@ -74,6 +74,17 @@ class Subscriber:
         self.sub.close(0)
         self.ctx.term()
 
+    def hang_up(self) -> None:
+        """Close the stream socket (what it would have received is lost to it)."""
+        self.sub.close(0)
+
+    def reopen(self) -> None:
+        """A new stream socket on the same endpoint (a publisher that connects finds it again)."""
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        (self.sub.bind if self.bind else self.sub.connect)(self.endpoint)
+
     # -- receiving -------------------------------------------------------------------------------
     def drain(
         self, quiet_s: float = 0.3, until_seq: int | None = None, limit_s: float = 10

@@ -57,7 +57,7 @@ class ZmqEventPublisher:
         self.dp_rank = dp_rank
         self.topic = cfg.topic.encode()
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=cfg.max_queue_size)
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=max(1, cfg.buffer_steps))
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
         self.next_seq = 0
         self.batches_sent = 0
         self.ctx = zmq.Context()
