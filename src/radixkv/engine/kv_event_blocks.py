@@ -71,7 +71,7 @@ class BlockLedger:
         namespace: Hashable | None,
         parent_page: int | None,
         last_pages: list[int],
-        tokens: list[int],
+        tokens: np.ndarray | list[int],
         medium: str = MEDIUM_DEVICE,
     ) -> list[Event]:
         """Blocks whose last pages are `last_pages` became cached; `tokens` are theirs, in order
@@ -100,7 +100,7 @@ class BlockLedger:
             "type": "BlockStored",
             "block_hashes": ids,
             "parent_block_hash": parent_id,
-            "token_ids": [int(t) for t in tokens],
+            "token_ids": np.asarray(tokens, dtype=np.int64).tolist(),
             "block_size": self.block_size,
             "lora_id": None,
             "medium": medium,

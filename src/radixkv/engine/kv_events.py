@@ -20,6 +20,7 @@ import numpy as np
 
 from radixkv.config.kv_events import KVEventsConfig, parse_kv_events_config
 from radixkv.engine.kv_event_blocks import MEDIUM_DEVICE, BlockLedger
+from radixkv.engine.tokens import TokenBuffer
 
 
 class EventSink(Protocol):
@@ -27,7 +28,7 @@ class EventSink(Protocol):
 
     def stored(
         self,
-        tokens: Sequence[int],
+        tokens: TokenBuffer | Sequence[int],
         slots: np.ndarray,
         start: int,
         end: int,
@@ -56,7 +57,7 @@ class NullSink:
 
     def stored(
         self,
-        tokens: Sequence[int],
+        tokens: TokenBuffer | Sequence[int],
         slots: np.ndarray,
         start: int,
         end: int,
@@ -94,7 +95,7 @@ class BlockEventSink:
 
     def stored(
         self,
-        tokens: Sequence[int],
+        tokens: TokenBuffer | Sequence[int],
         slots: np.ndarray,
         start: int,
         end: int,
@@ -116,7 +117,8 @@ class BlockEventSink:
             else:
                 slot = int(slots[first - 1])
             parent = slot // ps
-        self._ops.append(("S", namespace, parent, last_pages, list(tokens[first:last])))
+        ids = np.array(tokens[first:last], dtype=np.int64)  # a copy: the buffer keeps growing
+        self._ops.append(("S", namespace, parent, last_pages, ids))
 
     def removed(self, slots: np.ndarray) -> None:
         if len(slots):
