@@ -16,6 +16,8 @@ JSON); two keys are ours:
                                       encoding) or "tuple" (tagged arrays, the older one)
     block_size              null      ours: tokens per announced block, a multiple of the page
                                       size (default: the smallest multiple of the page >= 16)
+    bind                    null      ours: true binds `endpoint` (tcp://127.0.0.1:5557 for a
+                                      router on this host), false connects; null: vLLM's rule
 
 No torch and no zmq here: the CLI checks the flag before anything heavy is imported.
 """
@@ -43,6 +45,7 @@ class KVEventsConfig:
     topic: str = ""
     layout: str = "map"
     block_size: int | None = None
+    bind: bool | None = None
 
     @property
     def active(self) -> bool:
@@ -68,6 +71,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "topic": (str,),
     "layout": (str,),
     "block_size": (int, type(None)),
+    "bind": (bool, type(None)),
 }
 
 

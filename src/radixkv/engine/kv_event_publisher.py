@@ -38,10 +38,13 @@ Op = tuple[Any, ...]
 _STOP: Any = object()
 
 
-def bind_or_connect(sock: zmq.Socket[Any], endpoint: str) -> None:
-    """vLLM's rule: bind wildcard, ipc:// and inproc:// endpoints; connect to the others."""
+def bind_or_connect(sock: zmq.Socket[Any], endpoint: str, bind: bool | None = None) -> None:
+    """`bind` True/False decides; None is vLLM's rule: bind wildcard, ipc:// and inproc://
+    endpoints, connect to the others."""
     wild = "*" in endpoint or "::" in endpoint
-    if wild or endpoint.startswith(("ipc://", "inproc://")):
+    if bind is None:
+        bind = wild or endpoint.startswith(("ipc://", "inproc://"))
+    if bind:
         sock.bind(endpoint)
     else:
         sock.connect(endpoint)
@@ -66,7 +69,7 @@ class ZmqEventPublisher:
         try:
             self.pub.setsockopt(zmq.SNDHWM, cfg.hwm)
             self.pub.setsockopt(zmq.LINGER, 0)
-            bind_or_connect(self.pub, cfg.endpoint)
+            bind_or_connect(self.pub, cfg.endpoint, cfg.bind)
             if cfg.replay_endpoint is not None:
                 self.replay = self.ctx.socket(zmq.ROUTER)
                 self.replay.setsockopt(zmq.LINGER, 0)
