@@ -77,8 +77,51 @@ def run_round(engine: Engine, prompts: list[list[int]], sp: SamplingParams) -> d
     return {"decode": decode, "prefill": prefill}
 
 
+def micro(page_size: int, reps: int = 2000) -> dict[str, float]:
+    """Best-of-`reps` cost (us) of each step-loop call on its own, no model: announcing one
+    512-token insert, one 512-slot eviction, one step's hand-off; and the publisher thread's
+    cost of turning that insert into a batch (hashing + msgpack), which is off the loop."""
+    import msgpack
+    import numpy as np
+
+    from radixkv.engine.kv_event_blocks import BlockLedger, encode_batch
+    from radixkv.engine.kv_events import BlockEventSink
+
+    class Sink:  # stands in for the publisher: keeps nothing
+        def put(self, ops: list) -> None:
+            return
+
+    sink = BlockEventSink(Sink(), 16 if page_size < 16 else page_size, page_size, None)
+    tokens = np.arange(512, dtype=np.int64)
+    slots = np.arange(4096, 4096 + 512, dtype=np.int64)
+
+    def best(fn: Any) -> float:
+        out = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            out = min(out, time.perf_counter() - t0)
+        return 1e6 * out
+
+    res = {
+        "stored_512_tokens_us": best(lambda: sink.stored(tokens, slots, 0, 512, None, 0)),
+        "removed_512_slots_us": best(lambda: sink.removed(slots)),
+        "end_step_us": best(sink.end_step),
+    }
+    ledger = BlockLedger(sink.block_size, page_size)
+    pages = [int(slots[e - 1]) // page_size for e in range(sink.block_size, 513, sink.block_size)]
+
+    def publish() -> None:
+        evs = ledger.stored(None, None, pages, tokens)
+        msgpack.packb(encode_batch(time.time(), evs, "map"))
+
+    res["thread_batch_512_tokens_us"] = best(publish)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--micro", action="store_true", help="only the per-call costs, no model")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--num-slots", type=int, default=8192)
@@ -87,6 +130,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
+    if args.micro:
+        print(json.dumps({f"page_{p}": micro(p) for p in (1, 16)}, indent=1))
+        return
     rng = random.Random(0)
     engines: dict[str, Engine] = {}
     hook_s = {"off": [0.0], "on": [0.0]}
