@@ -166,7 +166,7 @@ class Subscriber:
         if parent is not None:
             assert self.blocks[parent].salt == salt, "a salt's chain continues another salt's"
         for i, h in enumerate(hashes):
-            assert isinstance(h, int) and -(2**63) <= h < 2**63
+            assert isinstance(h, int) and 0 <= h < 2**64  # vllm-router refuses signed ids
             assert h not in self.blocks, f"block {h} stored twice"
             self.blocks[h] = Block(parent, toks[i * bs : (i + 1) * bs], salt)
             parent = h

@@ -14,7 +14,8 @@ block's granularity: with block = page they are the tiers' own page keys):
 
 so an id is stable (same tokens, same salt → same id, on every replica of one model), unique
 per prefix and salt (two salts never share an id), and names its parent. On the wire an id is the
-first 8 bytes of the hash as a signed 64-bit integer (what vLLM's consumers decode).
+first 8 bytes of the hash as an unsigned 64-bit integer (vllm-router refuses signed ids; Dynamo
+takes either).
 
 The ledger runs on one thread (the publisher's) and only sees the step loop's operations through
 a FIFO queue, in order; it never reads engine state.
@@ -36,8 +37,8 @@ Event = dict[str, Any]
 
 
 def external_id(h: bytes) -> int:
-    """The wire id of a block hash: its first 8 bytes, big-endian, signed."""
-    return int.from_bytes(h[:8], "big", signed=True)
+    """The wire id of a block hash: its first 8 bytes, big-endian, unsigned."""
+    return int.from_bytes(h[:8], "big")
 
 
 class BlockLedger:
