@@ -75,13 +75,25 @@ def workload(rng: random.Random, n: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("page_size", "block", "layout"),
-    [(16, None, "map"), (1, None, "map"), (4, 8, "map"), (16, None, "tuple")],
+    ("page_size", "block", "layout", "tiers"),
+    [
+        (16, None, "map", False),
+        (1, None, "map", False),
+        (4, 8, "map", False),
+        (16, None, "tuple", False),
+    ],
 )
-def test_events_match_the_cache(page_size: int, block: int | None, layout: str) -> None:
+def test_events_match_the_cache(
+    page_size: int, block: int | None, layout: str, tiers: bool
+) -> None:
     events = {} if block is None else {"block_size": block}
     engine, sub = events_engine(
-        layout, page_size=page_size, num_slots=512, events=events, chunked_prefill_size=48
+        layout,
+        page_size=page_size,
+        num_slots=512,
+        events=events,
+        chunked_prefill_size=48,
+        enable_hierarchical_cache=tiers,
     )
     bs = block or 16
     rng = random.Random(page_size)
@@ -120,6 +132,32 @@ def test_events_match_the_cache(page_size: int, block: int | None, layout: str) 
     finally:
         engine.close()
         sub.close()
+
+
+def test_pages_back_from_host_memory_are_announced() -> None:
+    """With the host tier (L2), a prefix evicted from the device pool comes back into the tree
+    from host memory at admission: announced again as stored, the table still exact."""
+    engine, sub = events_engine(page_size=16, num_slots=512, enable_hierarchical_cache=True)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(38) for _ in range(160)] for _ in range(6)]
+    try:
+        seqs = run(engine, prompts[:1], salt="a")
+        for p in prompts[1:]:  # 5 x 160 tokens through a 512-token pool: the first is evicted
+            seqs += run(engine, [p])
+        sync(engine, sub)
+        first = _chain(prompts[0], "a")
+        assert not first <= sub.prefixes()
+        seqs += run(engine, prompts[:1], salt="a")
+        sync(engine, sub)
+        assert engine.tiers is not None and engine.tiers.counters.host_hit_tokens >= 144
+        assert first <= sub.prefixes() == reference(engine, seqs, 16)
+    finally:
+        engine.close()
+        sub.close()
+
+
+def _chain(tokens: list[int], salt: str | None) -> set[tuple[str | None, tuple]]:
+    return {(salt, tuple(tokens[:e])) for e in range(16, len(tokens), 16)}
 
 
 def test_salts_get_distinct_block_ids() -> None:
