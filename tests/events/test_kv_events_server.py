@@ -50,7 +50,7 @@ def server(
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300  # a cold start may build the CPU kernels first
         while True:
             assert proc.poll() is None, log.read_text()[-3000:]
             try:
