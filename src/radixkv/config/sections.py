@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from radixkv.config.fields import Section, opt
+from radixkv.config.kv_events import parse_kv_events_config
 
 # Names resolve_dtype understands (radixkv.engine.setup maps them to torch dtypes).
 DTYPE_NAMES = ("auto", "float32", "fp32", "float", "float16", "fp16", "half", "bfloat16", "bf16")
@@ -181,6 +182,12 @@ class CacheConfig(Section):
         min=0,
         group=_TIERS,
     )
+    # KV cache events for routers (vLLM's wire format): radixkv.config.kv_events.
+    kv_events_config: str | None = opt(
+        None,
+        "JSON, as vLLM's and SGLang's: publish cached/evicted blocks on ZMQ, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\' (docs/kv-events.md)',
+    )
 
     @property
     def tiers_enabled(self) -> bool:
@@ -218,6 +225,10 @@ class CacheConfig(Section):
             out.append(("disable_radix_cache", "the hierarchical cache needs the prefix cache"))
         if self.tiers_enabled and self.kind != "radix":
             out.append(("kind", "the hierarchical cache needs --cache radix"))
+        try:
+            parse_kv_events_config(self.kv_events_config, max(1, self.page_size))
+        except ValueError as exc:
+            out.append(("kv_events_config", str(exc)))
         return out
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixkv.cache.policies.research.regret import RegretWindow
-from radixkv.engine import choices, introspect, setup, tier_setup
+from radixkv.engine import choices, introspect, kv_events, setup, tier_setup
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_manager import KVManager
 from radixkv.engine.logits import next_tokens
@@ -112,6 +112,7 @@ class Engine:
         self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
         self._tier_hits = {"device": 0, "host": 0, "storage": 0}
         self.scheduler = Scheduler(cfg.scheduler, self.kv)
+        self.kv.events = kv_events.sink_for_engine(cfg.cache, self.cache, self.kv.tiers, spec)
         if self.cache is not None and cfg.cache.regret_window > 0:
             self.scheduler.regret = RegretWindow(
                 page_size, self.allocator.num_slots, max_requests=cfg.cache.regret_window
@@ -224,6 +225,11 @@ class Engine:
     # -- stepping ------------------------------------------------------------------------------
     def step(self) -> list[StreamDelta]:
         """One scheduler step; deltas for requests that produced tokens or finished."""
+        deltas = self._step()
+        self.kv.events.end_step()  # this step's KV events, as one batch
+        return deltas
+
+    def _step(self) -> list[StreamDelta]:
         deltas, self._pending = self._pending, []
         for req in self.kv.poll_tiers():  # held for storage until now
             self.scheduler.add(req)
@@ -333,6 +339,7 @@ class Engine:
     def close(self, timeout_s: float | None = None) -> bool:
         """Clean shutdown: flush pending L3 writes (bounded) and stop the storage threads; True
         when nothing was left unwritten. The engine must not be stepped afterwards."""
+        self.kv.events.close()
         timeout = self.config.cache.hicache_flush_timeout_s if timeout_s is None else timeout_s
         return self.kv.tiers.close(self.kv.tree_pages(), timeout)
 
@@ -388,6 +395,7 @@ class Engine:
     def flush_cache(self) -> bool:
         """Drop every unlocked cached prefix; True when the cache is now empty of them."""
         self.kv.flush(idle=not self.scheduler.running)
+        self.kv.events.end_step()
         return self.cache is None or self.cache.evictable_size == 0
 
     def metrics(self) -> EngineMetrics:

@@ -27,6 +27,7 @@ import numpy as np
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.prefetch import PrefetchHold
+from radixkv.engine.kv_events import NULL_SINK, EventSink
 from radixkv.engine.request import Request
 from radixkv.engine.tier_setup import NoTiers, Tiers
 from radixkv.memory.allocator import PageAllocator
@@ -56,6 +57,8 @@ class KVManager:
             comp.full_alloc = allocator
         self.tiers: Tiers = tiers if tiers is not None else NoTiers()
         self.held = PrefetchHold()
+        # KV events (engine/kv_events.py); hooks: every `self.events.` call below.
+        self.events: EventSink = NULL_SINK
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -73,6 +76,7 @@ class KVManager:
             elif self.plain is not None:
                 evicted = self.plain.evict(short)
                 self.tiers.on_evict(evicted)  # write_back demotes before the slots are freed
+                self.events.removed(evicted)  # KV events hook
                 self.allocator.free_slots_of_pages(evicted)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
@@ -127,6 +131,7 @@ class KVManager:
         if cached != length:  # single-threaded: the locked prefix is exactly what was there
             raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
         self.tiers.on_insert(req, full, cached, new_len)
+        self.events.stored(req.tokens, full, length, new_len, req.namespace, length)  # KV events
         # The tree adopted every slot of `full` ([0, length) were its own already).
         self.plain.lock(handle)
         self.unlock(req)
@@ -248,6 +253,8 @@ class KVManager:
                 req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
             )
         self.tiers.on_insert(req, slots, cached, aligned)
+        if cached < aligned:  # KV events hook: the tree adopted [cached, aligned)
+            self.events.stored(req.tokens, slots, cached, aligned, req.namespace, req.prefix_len)
         if cached < req.prefix_len:
             raise RuntimeError(
                 f"cache lost a locked prefix: insert found {cached} < locked {req.prefix_len}"
@@ -326,9 +333,11 @@ class KVManager:
             return
         elif idle:
             self.allocator.free_slots_of_pages(self.plain.reset())
+            self.events.cleared()  # KV events hook
         else:
             evicted = self.plain.evict(self.plain.evictable_size)
             self.tiers.on_evict(evicted, demote=False)
+            self.events.removed(evicted)  # KV events hook
             self.allocator.free_slots_of_pages(evicted)
         self.tiers.flush(device_reset=idle)
 
