@@ -26,8 +26,8 @@ import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
-from radixkv.engine.prefetch import PrefetchHold
 from radixkv.engine.kv_events import NULL_SINK, EventSink
+from radixkv.engine.prefetch import PrefetchHold
 from radixkv.engine.request import Request
 from radixkv.engine.tier_setup import NoTiers, Tiers
 from radixkv.memory.allocator import PageAllocator
