@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tier_services import mooncake_missing
 
 for _helpers in ("engine", "server"):  # engine_helpers / server_harness, shared with those tests
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / _helpers))
@@ -38,19 +39,6 @@ def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcs]:
         yield cluster
     finally:
         cluster.stop()
-
-
-def mooncake_missing() -> str | None:
-    """Why the Mooncake tests cannot run here, or None."""
-    try:
-        import mooncake.store  # noqa: F401
-    except ImportError as exc:
-        return f"mooncake.store does not import ({exc}): pip install .[test] (Linux x86-64)"
-    try:
-        MooncakeProcs(Path("."))
-    except RuntimeError as exc:
-        return str(exc)
-    return None
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from tier_services import mooncake_missing
 
-from conftest import mooncake_missing
 from radixkv.cli import main
 
 
