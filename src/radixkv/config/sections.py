@@ -51,7 +51,10 @@ class ModelConfig(Section):
     title = "model"
 
     path: str | None = opt(
-        None, "HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)", flag="--model"
+        None,
+        "HF checkpoint dir, or an embedded model's short name: gemma3-270m, smollm2-135m "
+        "(default: the embedded SmolLM2-135M-Instruct)",
+        flag="--model",
     )
     device: str = opt("auto", "auto (cuda when torch sees a GPU, else cpu) | cpu | cuda[:N]")
     dtype: str = opt(

@@ -52,16 +52,15 @@ def load_model(
     dtype: torch.dtype | None = None,
     attention: AttentionBackend | None = None,
 ) -> LoadedModel:
-    """Load an HF checkpoint of any architecture in radixkv.model.registry (None → the embedded
+    """Load an HF checkpoint of any architecture in radixkv.model.registry, or an embedded model
+    by short name (radixkv.model.embedded: "gemma3-270m"; None → the embedded
     SmolLM2-135M-Instruct).
 
     Raises UnsupportedArchitectureError for other architectures, before reading any weights.
     """
-    if path is None:
-        from radixkv.model.default import default_model_path
+    from radixkv.model.embedded import resolve_model
 
-        path = default_model_path()
-    root = Path(path)
+    root = resolve_model(path)
     gen_path = root / "generation_config.json"
     generation_config: dict[str, Any] = (
         json.loads(gen_path.read_text()) if gen_path.exists() else {}
