@@ -66,7 +66,8 @@ def timed(obj: Any, name: str, acc: list[float]) -> None:
 def run_round(engine: Engine, prompts: list[list[int]], sp: SamplingParams) -> dict[str, list]:
     for p in prompts:
         engine.add_request(p, sp)
-    decode, prefill = [], []
+    decode: list[float] = []
+    prefill: list[float] = []
     while engine.has_unfinished():
         waiting = len(engine.scheduler.waiting) + sum(
             r.pending > 1 for r in engine.scheduler.running
@@ -104,7 +105,9 @@ def micro(page_size: int, reps: int = 2000) -> dict[str, float]:
         return 1e6 * out
 
     res = {
-        "stored_512_tokens_us": best(lambda: sink.stored(tokens, slots, 0, 512, None, 0)),
+        "stored_512_tokens_us": best(
+            lambda: sink.stored(tokens, slots, 0, 512, None, 0)  # type: ignore[arg-type]
+        ),
         "removed_512_slots_us": best(lambda: sink.removed(slots)),
         "end_step_us": best(sink.end_step),
     }
