@@ -247,7 +247,8 @@ class Scheduler:
                 break
             if self._should_defer(req):
                 continue
-            if not self._fits(self._uncached(req), budget):
+            # The tree is asked only when the whole prompt would not fit (usually it does).
+            if not self._fits(req.pending, budget) and not self._fits(self._uncached(req), budget):
                 break  # it starts next step, as that step's first prefill; none passes it
             if not self._try_admit(req):
                 break  # out of memory: do not let smaller requests starve this one
