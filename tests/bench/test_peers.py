@@ -146,6 +146,9 @@ def test_reports_carry_no_machine_paths() -> None:
     home = str(Path.home())
     text = f"/opt/venv/bin/python -m x --tokenizer {home}/.cache/m"
     assert scrub(text, "/opt/venv/bin/python") == "$VLLM_PYTHON -m x --tokenizer ~/.cache/m"
+    text = "/tmp/out/r1/vllm.json /srv/ckpt/tiny /srv/ckpt/tiny-2 /opt/sgl/bin/python"
+    got = scrub(text, "/opt/venv/bin/python", "/opt/sgl/bin/python", "/tmp/out", "/srv/ckpt/tiny")
+    assert got == "$OUT/r1/vllm.json $MODEL_DIR $MODEL_DIR-2 $SGLANG_PYTHON"
 
 
 FAKE_SGLANG = textwrap.dedent(

@@ -213,12 +213,24 @@ def table(result: dict[str, Any]) -> str:
     return peers_table(result)
 
 
-def scrub(text: str, vllm_python: str, sglang_python: str | None = None) -> str:
+def scrub(
+    text: str,
+    vllm_python: str,
+    sglang_python: str | None = None,
+    out_dir: str | None = None,
+    model_dir: str | None = None,
+) -> str:
     """Reports carry no machine paths: the peers' interpreters become $VLLM_PYTHON and
-    $SGLANG_PYTHON, home becomes ~."""
-    if sglang_python:
-        text = text.replace(sglang_python, "$SGLANG_PYTHON")
-    return home_relative(text.replace(vllm_python, "$VLLM_PYTHON"))
+    $SGLANG_PYTHON, the output folder $OUT, a checkpoint given by path $MODEL_DIR (the
+    embedded model's lies under home, which becomes ~)."""
+    named = [(sglang_python, "$SGLANG_PYTHON"), (vllm_python, "$VLLM_PYTHON"), (out_dir, "$OUT")]
+    if model_dir and not model_dir.startswith(str(Path.home())):
+        named.append((model_dir, "$MODEL_DIR"))
+    # Longest first, so a path inside another is replaced by its own name.
+    for path, name in sorted(named, key=lambda pn: -len(pn[0] or "")):
+        if path:
+            text = text.replace(path, name)
+    return home_relative(text)
 
 
 def _cmd_peers(args: argparse.Namespace) -> int:
@@ -228,8 +240,9 @@ def _cmd_peers(args: argparse.Namespace) -> int:
     result = run_peers(args)
     out = Path(args.out)
     text = json.dumps(result, indent=1)
-    (out / "peers.json").write_text(scrub(text, args.vllm_python, args.sglang_python))
-    md = scrub(table(result), args.vllm_python, args.sglang_python)
+    paths = (args.vllm_python, args.sglang_python, args.out, args.model_dir)
+    (out / "peers.json").write_text(scrub(text, *paths))
+    md = scrub(table(result), *paths)
     (out / "peers.md").write_text(md + "\n")
     print(md)
     print(f"json: {out / 'peers.json'}\ntable: {out / 'peers.md'}")
