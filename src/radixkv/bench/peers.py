@@ -134,10 +134,15 @@ def run_our_client(url: str, model: str, tokenizer: str, workload: str) -> dict[
     return res
 
 
+# Our engine as measured: invariant kernels (the default), and without them (oneDNN GEMMs and
+# torch's SDPA, whose per-row results depend on the batch) for the cost of invariance.
+OURS: dict[str, dict[str, str]] = {"radixkv": {}, "radixkv-off": {"RADIXKV_CPU_KERNELS": "0"}}
+
+
 def _server(engine: str, args: argparse.Namespace, dtype: str, log: Path) -> Any:
-    if engine == "radixkv":
+    if engine in OURS:
         flags = ["--dtype", dtype, *shlex.split(args.radixkv_args)]
-        return LocalServer(args.model_dir, flags, log, args.startup_timeout)
+        return LocalServer(args.model_dir, flags, log, args.startup_timeout, OURS[engine])
     cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server"]
     cmd += ["--model", args.model_dir, "--served-model-name", "peer", "--dtype", dtype]
     cmd += ["--max-model-len", "4096", "--enable-prompt-tokens-details"]
@@ -269,7 +274,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--model-dir", default=None, help="HF checkpoint dir (default: embedded model)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list")
-    p.add_argument("--engines", default="radixkv,vllm", help="comma list: radixkv, vllm")
+    p.add_argument(
+        "--engines",
+        default="radixkv,vllm",
+        help="comma list: radixkv, radixkv-off (invariant kernels off), vllm",
+    )
     p.add_argument("--workloads", default="prefix,random", help="comma list: prefix, random, gsp")
     p.add_argument("--radixkv-args", default="", help="extra flags for `radixkv serve`")
     p.add_argument("--vllm-args", default="", help="extra flags for vLLM's api_server")
