@@ -38,6 +38,7 @@ class StorageTier:
         self._req_pins: dict[str, list[int]] = {}
         self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
         self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
+        self.journal: list[bytes] | None = None  # hashes newly known in L3 (KV events), or off
 
     def write(self, hp: int, h: bytes) -> None:
         """Queue the storage copy of L2 page `hp` (hash `h`) unless L3 has it already."""
@@ -105,7 +106,7 @@ class StorageTier:
                 hp, h = res.token
                 self.index.unpin(hp)
                 if res.ok:
-                    self._stored.add(h)
+                    self._known(h)
             elif isinstance(res, FetchDone):
                 self.prefetch.observe_fetch(res.timings)
                 landed += self._land(res)
@@ -118,7 +119,7 @@ class StorageTier:
         live = self._req_fetch.get(rid) == res.token
         landed = 0
         for h, payload in zip(hashes, res.payloads, strict=False):
-            self._stored.add(h)
+            self._known(h)
             if self.index.lookup(h) is not None:
                 continue
             got = self.index.alloc(1)
@@ -131,6 +132,18 @@ class StorageTier:
                 self.index.pin(got[0])
                 self._req_pins.setdefault(rid, []).append(got[0])
         return landed
+
+    @property
+    def known_hashes(self) -> frozenset[bytes]:
+        """The page hashes this replica knows are in L3 (confirmed writes, verified fetches)."""
+        return frozenset(self._stored)
+
+    def _known(self, h: bytes) -> None:
+        """`h` is in L3 (a confirmed write or a verified fetch)."""
+        if h not in self._stored:
+            self._stored.add(h)
+            if self.journal is not None:
+                self.journal.append(h)
 
     def stats(self) -> dict[str, Any]:
         w, c = self.worker, self.worker.counters
