@@ -42,6 +42,7 @@ class ComponentMemory:
         self,
         spec: PoolSpec,
         pools: ModelPools,
+        full_alloc: PageAllocator,
         page_size: int,
         swa_table: ReqToTokenTable | None,
         cache: HybridPrefixCache | None,
@@ -60,7 +61,7 @@ class ComponentMemory:
             PageAllocator(pools.state.num_slots, 1) if pools.state is not None else None
         )
         self.interval = -(-interval // page_size) * page_size
-        self.full_alloc: PageAllocator | None = None  # set by KVManager (FULL slots it frees)
+        self.full_alloc = full_alloc  # the KV manager's FULL allocator (FULL slots it frees)
         self._swa_prefix: dict[int, SlotArray | None] = {}  # id(req) -> matched SWA, until bind
 
     @staticmethod
@@ -78,7 +79,6 @@ class ComponentMemory:
         """Return what the tree let go of to every component's allocator (an eviction asked
         for SWA or STATE room may remove whole leaves, FULL slots included)."""
         if len(freed.full):
-            assert self.full_alloc is not None
             self.full_alloc.free_slots_of_pages(freed.full)
         if len(freed.swa):
             assert self.swa_alloc is not None

@@ -42,23 +42,25 @@ class KVManager:
         cache: PrefixCache | None,
         comp: ComponentMemory | None = None,
         tiers: Tiers | None = None,
+        events: EventSink = NULL_SINK,
     ) -> None:
         """`cache`: the FULL-only prefix cache (None when off, or for a hybrid model, whose
-        tree `comp` holds)."""
+        tree `comp` holds; `comp` frees FULL slots into this `allocator`). `events`: the KV
+        events sink (engine/kv_events.py), told where slots enter or leave the tree."""
         if comp is not None and cache is not None:
             raise ValueError("a hybrid model's prefix cache is its ComponentMemory's tree")
+        if comp is not None and comp.full_alloc is not allocator:
+            raise ValueError("ComponentMemory must free FULL slots into this allocator")
         self.allocator = allocator
         self.table = table
         self.plain = cache
         self.cache: PrefixIndex | None = cache if comp is None else comp.cache
         self.page_size = allocator.page_size
         self.comp = comp
-        if comp is not None:
-            comp.full_alloc = allocator
         self.tiers: Tiers = tiers if tiers is not None else NoTiers()
         self.held = PrefetchHold()
-        # KV events (engine/kv_events.py); hooks: every `self.events.` call below.
-        self.events: EventSink = NULL_SINK
+        # KV events hooks: every `self.events.` call below.
+        self.events = events
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
