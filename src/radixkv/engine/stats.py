@@ -77,8 +77,7 @@ def component_pools(engine: Engine) -> dict[str, dict[str, int]]:
     }
     if engine.pools is not None and engine.pools.full is None:
         out["full"]["virtual"] = 1  # no FULL layer: token bookkeeping slots, no tensor
-    if engine.kv.comp is not None:
-        out.update(engine.kv.comp.census(running))
+    out.update(engine.kv.comp.census(running))
     return out
 
 
