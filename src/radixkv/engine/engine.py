@@ -1,5 +1,9 @@
 """The in-process Engine (contract in radixkv.engine.types): model + KV pool + allocator + request
-table + prefix cache + scheduler + runner + sampler, driven one `step()` at a time."""
+table + prefix cache + scheduler + runner + sampler, driven one `step()` at a time.
+
+This module is the request API and the step loop (admit, forward, sample, hand out deltas). The
+memory is built by engine/memory_factory.py, the counters and metrics live in engine/stats.py, the
+n > 1 choices in engine/choices.py, the dashboard's views in engine/introspect.py."""
 
 from __future__ import annotations
 
@@ -326,6 +330,7 @@ class Engine:
         return self.cache is None or self.cache.evictable_size == 0
 
     def metrics(self) -> EngineMetrics:
+        """Counters and the pool census now (engine/stats.py)."""
         return stats.snapshot(self)
 
     def regret_stats(self) -> dict[str, Any]:
