@@ -51,7 +51,7 @@ class _Sampler:
             swa = 0
             if swa_table is not None and r.kv_len:
                 swa = int((swa_table.get_numpy(r.row, 0, r.kv_len) >= 0).sum())
-            states = (r.state_slot >= 0) + (r.snap_slot >= 0)
+            states = (r.hybrid.state_slot >= 0) + (r.hybrid.snap_slot >= 0)
             self.rows.append(
                 (
                     cap * self.full_b,

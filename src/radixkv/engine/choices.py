@@ -114,3 +114,18 @@ def fork_all(engine: Engine, parent: Request) -> list[Request]:
         sched.adopt(child)
         forked.append(child)
     return forked
+
+
+def fork_ready(engine: Engine, rows: list[int], reqs: list[Request]) -> int:
+    """For each request of this step's sampling rows (`rows[i]` is `reqs[i]`'s logits row)
+    whose prompt is now computed and that has choices waiting, fork them; the forked ones are
+    appended to `rows` / `reqs` with their parent's row (they sample from its last logits).
+    Returns how many forked."""
+    count = 0
+    for i, parent in zip(list(rows), list(reqs), strict=True):
+        if parent.forks:
+            forked = fork_all(engine, parent)
+            count += len(forked)
+            rows += [i] * len(forked)
+            reqs += forked
+    return count

@@ -5,7 +5,8 @@ contract) and makes every call that moves data in or out of it, returning what t
 go of to each component's allocator.
 
 Owners and census, per pool, after every public call (checked by `check`):
-  SWA:   swa_alloc.free_slots + cache.swa_size + sum(len(r.swa_pages)) * page_size == swa pool
+  SWA:   swa_alloc.free_slots + cache.swa_size + sum(len(r.hybrid.swa_pages)) * page_size
+         == swa pool
   STATE: state_alloc.free_pages + cache.checkpoint_count
          + #running (working states) + #running snapshots == state pool
 SWA: a running request owns the pages covering [swa_lo, capacity); it gets them chunk by chunk
@@ -42,6 +43,7 @@ class ComponentMemory:
         self,
         spec: PoolSpec,
         pools: ModelPools,
+        full_alloc: PageAllocator,
         page_size: int,
         swa_table: ReqToTokenTable | None,
         cache: HybridPrefixCache | None,
@@ -60,7 +62,7 @@ class ComponentMemory:
             PageAllocator(pools.state.num_slots, 1) if pools.state is not None else None
         )
         self.interval = -(-interval // page_size) * page_size
-        self.full_alloc: PageAllocator | None = None  # set by KVManager (FULL slots it frees)
+        self.full_alloc = full_alloc  # the KV manager's FULL allocator (FULL slots it frees)
         self._swa_prefix: dict[int, SlotArray | None] = {}  # id(req) -> matched SWA, until bind
 
     @staticmethod
@@ -78,7 +80,6 @@ class ComponentMemory:
         """Return what the tree let go of to every component's allocator (an eviction asked
         for SWA or STATE room may remove whole leaves, FULL slots included)."""
         if len(freed.full):
-            assert self.full_alloc is not None
             self.full_alloc.free_slots_of_pages(freed.full)
         if len(freed.swa):
             assert self.swa_alloc is not None
@@ -126,10 +127,10 @@ class ComponentMemory:
         checkpoint target it needs at `bind`."""
         assert self.cache is not None
         m = self.cache.match(query, req.namespace)
-        req.resume_ckpt = m.checkpoint
-        req.ckpt_target = 0
+        req.hybrid.resume_ckpt = m.checkpoint
+        req.hybrid.ckpt_target = 0
         if self.spec.has_state and m.shared_length > m.length:
-            req.ckpt_target = m.shared_length
+            req.hybrid.ckpt_target = m.shared_length
         self._swa_prefix[id(req)] = m.swa_slots
         return m
 
@@ -143,7 +144,7 @@ class ComponentMemory:
         slot = self.alloc_state()
         if slot is None:
             return False
-        req.state_slot = slot
+        req.hybrid.state_slot = slot
         return True
 
     def bind(self, req: Request, prefix_len: int) -> None:
@@ -155,15 +156,15 @@ class ComponentMemory:
                 prefix[:] = np.asarray(swa_prefix[:prefix_len])
             self.swa_table.alloc_row_at(req.row)
             self.swa_table.write(req.row, 0, prefix)
-        req.swa_lo, req.swa_pages = prefix_len, []
+        req.hybrid.swa_lo, req.hybrid.swa_pages = prefix_len, []
         if self.pools.state is not None and prefix_len > 0:
-            if req.resume_ckpt < 0:
+            if req.hybrid.resume_ckpt < 0:
                 raise RuntimeError("resuming a STATE model past 0 without a checkpoint")
-            self.pools.state.copy_state(req.resume_ckpt, req.state_slot)
+            self.pools.state.copy_state(req.hybrid.resume_ckpt, req.hybrid.state_slot)
 
     # -- stepping -----------------------------------------------------------------------------
     def swa_capacity(self, req: Request) -> int:
-        return req.swa_lo + len(req.swa_pages) * self.page_size
+        return req.hybrid.swa_lo + len(req.hybrid.swa_pages) * self.page_size
 
     def ensure(self, req: Request, end: int) -> bool:
         """SWA slots for positions < end; False (nothing changed) when out of memory."""
@@ -177,7 +178,7 @@ class ComponentMemory:
             return False
         assert self.swa_table is not None
         self.swa_table.write(req.row, cap, self.swa_alloc.page_slots(pages))
-        req.swa_pages.extend(pages)
+        req.hybrid.swa_pages.extend(pages)
         return True
 
     def _next_power_stop(self, pos: int) -> int:
@@ -194,7 +195,7 @@ class ComponentMemory:
         if pos <= 0 or pos % self.page_size:
             return False
         pages = pos // self.page_size
-        if pos % self.interval == 0 or pages & (pages - 1) == 0 or pos == req.ckpt_target:
+        if pos % self.interval == 0 or pages & (pages - 1) == 0 or pos == req.hybrid.ckpt_target:
             return True
         return pos == self._prompt_end(req)
 
@@ -208,7 +209,7 @@ class ComponentMemory:
             return req.pending
         stop = (req.kv_len // self.interval + 1) * self.interval
         stop = min(stop, self._next_power_stop(req.kv_len))
-        for target in (req.ckpt_target, self._prompt_end(req)):
+        for target in (req.hybrid.ckpt_target, self._prompt_end(req)):
             if req.kv_len < target < stop:
                 stop = target
         return max(1, stop - req.kv_len)
@@ -218,29 +219,29 @@ class ComponentMemory:
         ps = self.page_size
         if self.swa_alloc is not None and self.window is not None:
             keep_from = req.kv_len // ps * ps - self.window
-            drop = max(0, (keep_from - req.swa_lo) // ps) if keep_from > 0 else 0
-            drop = min(drop, len(req.swa_pages))
+            drop = max(0, (keep_from - req.hybrid.swa_lo) // ps) if keep_from > 0 else 0
+            drop = min(drop, len(req.hybrid.swa_pages))
             if drop:
                 self._drop_own_swa(req, drop, free=True)
         if self.state_alloc is not None and not was_prefill and ps > 1 and req.kv_len % ps == 0:
-            if req.snap_slot < 0:
+            if req.hybrid.snap_slot < 0:
                 slot = self.state_alloc.alloc_pages(1)  # best effort: never evicts for this
                 if slot is None:
                     return
-                req.snap_slot = slot[0]
+                req.hybrid.snap_slot = slot[0]
             assert self.pools.state is not None
-            self.pools.state.copy_state(req.state_slot, req.snap_slot)
-            req.snap_pos = req.kv_len
+            self.pools.state.copy_state(req.hybrid.state_slot, req.hybrid.snap_slot)
+            req.hybrid.snap_pos = req.kv_len
 
     def _drop_own_swa(self, req: Request, n: int, *, free: bool) -> None:
         """Give up the first `n` own SWA pages (freed, or already handed to the tree)."""
         assert self.swa_alloc is not None and self.swa_table is not None
-        pages, req.swa_pages = req.swa_pages[:n], req.swa_pages[n:]
+        pages, req.hybrid.swa_pages = req.hybrid.swa_pages[:n], req.hybrid.swa_pages[n:]
         if free:
             self.swa_alloc.free_page_ids(pages)
-        lo = req.swa_lo
-        req.swa_lo += n * self.page_size
-        self.swa_table.write(req.row, lo, np.full(req.swa_lo - lo, -1, dtype=np.int64))
+        lo = req.hybrid.swa_lo
+        req.hybrid.swa_lo += n * self.page_size
+        self.swa_table.write(req.row, lo, np.full(req.hybrid.swa_lo - lo, -1, dtype=np.int64))
 
     # -- handing data to the tree --------------------------------------------------------------
     def checkpoints_for(self, req: Request, aligned: int, finishing: bool) -> list[tuple[int, int]]:
@@ -255,11 +256,11 @@ class ComponentMemory:
             slot = self.alloc_state()
             if slot is None:
                 return []
-            self.pools.state.copy_state(req.state_slot, slot)
+            self.pools.state.copy_state(req.hybrid.state_slot, slot)
             return [(aligned, slot)]
-        if finishing and req.snap_slot >= 0 and 0 < req.snap_pos <= aligned:
-            slot, req.snap_slot = req.snap_slot, -1
-            return [(req.snap_pos, slot)]
+        if finishing and req.hybrid.snap_slot >= 0 and 0 < req.hybrid.snap_pos <= aligned:
+            slot, req.hybrid.snap_slot = req.hybrid.snap_slot, -1
+            return [(req.hybrid.snap_pos, slot)]
         return []
 
     def swa_row(self, req: Request, aligned: int) -> np.ndarray | None:
@@ -288,9 +289,9 @@ class ComponentMemory:
         if out.checkpoints_rejected:
             assert self.state_alloc is not None
             self.state_alloc.free_page_ids(list(out.checkpoints_rejected))
-        if self.swa_alloc is not None and aligned > req.swa_lo:
-            n = (aligned - req.swa_lo) // self.page_size
-            self._drop_own_swa(req, min(n, len(req.swa_pages)), free=False)
+        if self.swa_alloc is not None and aligned > req.hybrid.swa_lo:
+            n = (aligned - req.hybrid.swa_lo) // self.page_size
+            self._drop_own_swa(req, min(n, len(req.hybrid.swa_pages)), free=False)
         return out.cached, out.handle
 
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
@@ -304,28 +305,28 @@ class ComponentMemory:
     def release(self, req: Request) -> None:
         """Free everything the request still owns in every component."""
         if self.swa_alloc is not None:
-            self.swa_alloc.free_page_ids(req.swa_pages)
-            req.swa_pages = []
+            self.swa_alloc.free_page_ids(req.hybrid.swa_pages)
+            req.hybrid.swa_pages = []
             assert self.swa_table is not None
             self.swa_table.free_row(req.row)
         if self.state_alloc is not None:
-            slots = [s for s in (req.state_slot, req.snap_slot) if s >= 0]
+            slots = [s for s in (req.hybrid.state_slot, req.hybrid.snap_slot) if s >= 0]
             self.state_alloc.free_page_ids(slots)
-        req.state_slot = req.snap_slot = -1
-        req.swa_lo = req.snap_pos = req.ckpt_target = 0
-        req.resume_ckpt = -1
+        req.hybrid.state_slot = req.hybrid.snap_slot = -1
+        req.hybrid.swa_lo = req.hybrid.snap_pos = req.hybrid.ckpt_target = 0
+        req.hybrid.resume_ckpt = -1
 
     # -- census ---------------------------------------------------------------------------------
     def census(self, running: Sequence[Request]) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         if self.swa_alloc is not None:
-            held = sum(len(r.swa_pages) for r in running) * self.page_size
+            held = sum(len(r.hybrid.swa_pages) for r in running) * self.page_size
             cached = self.cache.swa_size if self.cache is not None else 0
             out["swa"] = self._row(
                 self.swa_alloc.num_slots, self.swa_alloc.free_slots, cached, held
             )
         if self.state_alloc is not None:
-            held = sum((r.state_slot >= 0) + (r.snap_slot >= 0) for r in running)
+            held = sum((r.hybrid.state_slot >= 0) + (r.hybrid.snap_slot >= 0) for r in running)
             cached = self.cache.checkpoint_count if self.cache is not None else 0
             out["state"] = self._row(
                 self.state_alloc.num_pages, self.state_alloc.free_pages, cached, held
@@ -344,13 +345,15 @@ class ComponentMemory:
             self.swa_alloc.check()
             seen: set[int] = set()
             for r in running:
-                for p in r.swa_pages:
+                for p in r.hybrid.swa_pages:
                     if p in seen or not self.swa_alloc.is_allocated(p):
                         raise RuntimeError(f"SWA page {p} of {r.request_id} is free or shared")
                     seen.add(p)
         if self.state_alloc is not None:
             self.state_alloc.check()
-            owned = [s for r in running for s in (r.state_slot, r.snap_slot) if s >= 0]
+            owned = [
+                s for r in running for s in (r.hybrid.state_slot, r.hybrid.snap_slot) if s >= 0
+            ]
             if self.cache is not None:
                 owned += self.cache.cached_checkpoints()
             if len(set(owned)) != len(owned) or not all(

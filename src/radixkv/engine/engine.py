@@ -1,24 +1,25 @@
 """The in-process Engine (contract in radixkv.engine.types): model + KV pool + allocator + request
-table + prefix cache + scheduler + runner + sampler, driven one `step()` at a time."""
+table + prefix cache + scheduler + runner + sampler, driven one `step()` at a time.
+
+This module is the request API and the step loop (admit, forward, sample, hand out deltas). The
+memory is built by engine/memory_factory.py, the counters and metrics live in engine/stats.py, the
+n > 1 choices in engine/choices.py, the dashboard's views in engine/introspect.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import logging
 import random
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.cache.policies.research.regret import RegretWindow
-from radixkv.engine import choices, introspect, kv_events, setup, tier_setup
-from radixkv.engine.components_kv import ComponentMemory
-from radixkv.engine.kv_manager import KVManager
+from radixkv.engine import choices, introspect, setup, stats
 from radixkv.engine.logits import next_tokens
+from radixkv.engine.memory_factory import build_memory
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
 from radixkv.engine.scheduler import Scheduler
+from radixkv.engine.stats import Totals
 from radixkv.engine.tiers import TierManager
 from radixkv.engine.types import (
     EngineConfig,
@@ -30,12 +31,6 @@ from radixkv.engine.types import (
     SamplingParams,
     StreamDelta,
 )
-from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import ModelPools
-from radixkv.memory.pool import KVPool, KVPoolConfig
-from radixkv.memory.req_table import ReqToTokenTable
-
-logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
 
@@ -48,88 +43,37 @@ class Engine:
     def __init__(
         self, model: Any = None, config: EngineConfig | None = None, **overrides: Any
     ) -> None:
-        cfg = config or EngineConfig()
         if isinstance(model, str):
             overrides.setdefault("model", model)
         # Keyword overrides use the flat field names (page_size=16); each lands in its section.
-        cfg = cfg.override(**overrides).validate()
-        device = setup.resolve_device(cfg.model.device)
+        cfg = (config or EngineConfig()).override(**overrides).validate()
+        self.config = cfg
+        self.device = device = setup.resolve_device(cfg.model.device)
         dtype = setup.resolve_dtype(cfg.model.dtype, device)
         # A loaded model object (anything with .model/.config/.tokenizer) is used as is.
-        path = cfg.model.path
-        self.lm = model if setup.is_loaded_model(model) else setup.load(path, device, dtype)
-        mc = self.lm.config
+        loaded = setup.is_loaded_model(model)
+        self.lm = model if loaded else setup.load(cfg.model.path, device, dtype)
         self.tokenizer: Any = self.lm.tokenizer
-        self.config = cfg
-        self.device = device
+        mc = self.lm.config
         self.vocab_size = int(mc.vocab_size)
         self.max_model_len = int(cfg.scheduler.max_model_len or mc.max_position_embeddings)
-        self.eos_token_ids = frozenset(
-            int(t)
-            for t in itertools.chain(
-                getattr(mc, "eos_token_ids", ()) or (),
-                getattr(self.tokenizer, "eos_token_ids", ()) or (),
-            )
-        )
-        spec = setup.hybrid_spec(mc, cfg)
-        page_size = cfg.cache.page_size
-        self.pools: ModelPools | None = None
-        if spec is None:
-            num_slots = setup.num_slots(cfg.cache, mc, dtype)
-            self.pool = KVPool(mc.pool_config(num_slots, dtype, device))
-        else:
-            num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
-            self.pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
-            self.pool = self.pools.full or KVPool(  # no FULL layer: zero-layer bookkeeping pool
-                KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
-            )
-        self.allocator = PageAllocator(num_slots, page_size)
-        max_context = min(
-            self.allocator.pages_for(self.max_model_len) * page_size, self.allocator.num_slots
-        )
-        max_running = cfg.scheduler.max_running_requests
-        self.table = ReqToTokenTable(max_running, max_context, device)
-        plain = setup.make_prefix_cache(cfg.cache) if spec is None else None
-        comp = None
-        swa_table = None
-        if spec is not None and self.pools is not None:
-            if self.pools.swa is not None:
-                swa_table = ReqToTokenTable(max_running, max_context, device)
-            comp = ComponentMemory(
-                spec,
-                self.pools,
-                page_size,
-                swa_table,
-                setup.make_hybrid_cache(cfg.cache, ComponentMemory.components_of(spec)),
-                cfg.cache.state_checkpoint_interval,
-            )
-        if spec is not None and cfg.tiers_enabled:
-            raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
-        tiers = tier_setup.make_tiers(
-            cfg.cache, self.pool, self.lm, cfg.scheduler.chunked_prefill_size
-        )
-        self.kv = KVManager(self.allocator, self.table, plain, comp, tiers)
+        self.eos_token_ids = setup.eos_token_ids(mc, self.tokenizer)
+        mem = build_memory(cfg, self.lm, dtype, device, self.max_model_len)
+        self.pool, self.pools, self.table = mem.pool, mem.pools, mem.table
+        self.allocator, self.kv = mem.allocator, mem.kv
         self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
-        self._tier_hits = {"device": 0, "host": 0, "storage": 0}
-        self.scheduler = Scheduler(cfg.scheduler, self.kv)
-        self.kv.events = kv_events.sink_for_engine(cfg.cache, self.cache, self.kv.tiers, spec)
-        if self.cache is not None and cfg.cache.regret_window > 0:
-            self.scheduler.regret = RegretWindow(
-                page_size, self.allocator.num_slots, max_requests=cfg.cache.regret_window
-            )
-        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, swa_table)
+        regret = setup.make_regret_window(cfg.cache, self.cache, self.allocator.num_slots)
+        self.scheduler = Scheduler(cfg.scheduler, self.kv, regret)
+        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, mem.swa_table)
         if cfg.model.compile:
             self.runner.compile()
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
         self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use
-        self._forked_total = 0
         self._pending: list[StreamDelta] = []
         self._ids = itertools.count()
         self._seeds = random.Random(cfg.scheduler.seed)
-        self._generated_total = 0
-        self._finished_total = 0
-        self._last_log = time.perf_counter()
+        self.totals = Totals()
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(
@@ -248,12 +192,7 @@ class Engine:
         self.scheduler.after_forward(sched)
         rows = [i for i, r in enumerate(sched.reqs) if r.pending == 0]
         reqs = [sched.reqs[i] for i in rows]
-        for i, parent in zip(list(rows), list(reqs), strict=True):
-            if parent.forks:  # its prompt is computed: the other choices fork from it now
-                forked = choices.fork_all(self, parent)
-                self._forked_total += len(forked)
-                rows += [i] * len(forked)  # they sample from the parent's last logits row
-                reqs += forked
+        self.totals.forked += choices.fork_ready(self, rows, reqs)
         if rows:
             t0 = time.perf_counter()
             tokens, lps = next_tokens(logits[rows], reqs)
@@ -263,18 +202,18 @@ class Engine:
                 deltas.append(self._on_token(req, tok, lp, now))
         if sched.num_tokens > len(sched.reqs):  # a step with prefill
             self.kv.tiers.observe_prefill(sched.num_tokens, forward_s)
-        self._maybe_log()
+        stats.maybe_log(self, self.log_interval_s)
         return deltas
 
     def _on_token(self, req: Request, tok: int, lp: Any, now: float) -> StreamDelta:
         req.tokens.append(tok)
         if req.logprobs is not None:
             req.logprobs.append(lp)
-        self._generated_total += 1
+        self.totals.generated += 1
         if req.first_token_time is None:
             req.first_token_time = now
             if req.index == 0:  # as the scheduler's totals: forks add no prompt tokens
-                self._count_tier_hits(req)
+                self.totals.count_tier_hits(req, self.kv.tiers)
         sp = req.sampling
         reason: FinishReason | None = None
         if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in self.eos_token_ids):
@@ -301,7 +240,7 @@ class Engine:
         self.kv.tiers.forget(req)
         if last:
             self._requests.pop(req.request_id, None)
-            self._finished_total += 1
+            self.totals.finished += 1
         return self._delta(req, new_ids, req.stream.take(final=True), reason, last)
 
     def _delta(
@@ -327,14 +266,6 @@ class Engine:
             index=req.index,
             logprobs=lps,
         )
-
-    def _count_tier_hits(self, req: Request) -> None:
-        """Split the request's cached prompt tokens by the tier they came from."""
-        host, storage = self.kv.tiers.loaded_split(req)
-        host, storage = min(host, req.cached_tokens), min(storage, req.cached_tokens - host)
-        self._tier_hits["device"] += req.cached_tokens - host - storage
-        self._tier_hits["host"] += host
-        self._tier_hits["storage"] += storage
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Clean shutdown: flush pending L3 writes (bounded) and stop the storage threads; True
@@ -399,58 +330,13 @@ class Engine:
         return self.cache is None or self.cache.evictable_size == 0
 
     def metrics(self) -> EngineMetrics:
-        s = self.scheduler
-        return EngineMetrics(
-            running_requests=len(s.running),
-            waiting_requests=len(s.waiting) + len(self.kv.held),
-            pool_slots=self.allocator.num_slots,
-            free_slots=self.allocator.free_slots,
-            cached_tokens_in_tree=self.cache.total_size if self.cache is not None else 0,
-            evictable_tokens=self.cache.evictable_size if self.cache is not None else 0,
-            prompt_tokens_total=s.prompt_tokens_total,
-            cached_prompt_tokens_total=s.cached_prompt_tokens_total,
-            generated_tokens_total=self._generated_total,
-            num_preemptions=s.num_preemptions,
-            finished_requests=self._finished_total,
-            component_pools=self._component_pools(),
-            cached_tokens_by_tier=dict(self._tier_hits),
-            tier_stats=self.kv.tiers.stats(),
-            prefill_tokens_total=s.prefill_tokens_total,
-            forked_choices_total=self._forked_total,
-            **self._window_fields(),
-        )
-
-    def _component_pools(self) -> dict[str, dict[str, int]]:
-        """Size / free / cached / held slots per pool (FULL always; SWA and STATE if any)."""
-        free, cached, held = self.kv.census(self.scheduler.running)
-        out = {
-            "full": {"size": self.allocator.num_slots, "free": free, "cached": cached, "held": held}
-        }
-        if self.pools is not None and self.pools.full is None:
-            out["full"]["virtual"] = 1  # no FULL layer: token bookkeeping slots, no tensor
-        if self.kv.comp is not None:
-            out.update(self.kv.comp.census(self.scheduler.running))
-        return out
-
-    def _window_fields(self) -> dict[str, Any]:
-        r = self.scheduler.regret
-        if r is None:
-            return {}
-        last = r.last
-        return {
-            "window_requests": last.requests,
-            "window_hit_rate": last.live_hit_rate,
-            "window_belady_hit_rate": last.belady_hit_rate,
-        }
+        """Counters and the pool census now (engine/stats.py)."""
+        return stats.snapshot(self)
 
     def regret_stats(self) -> dict[str, Any]:
         """Recompute the live-regret report now (Belady over the recent window at the pool's
         capacity) and return it as plain data; `enabled` False when there is no window."""
-        r = self.scheduler.regret
-        if r is None:
-            return {"enabled": False}
-        rep = r.compute()
-        return {"enabled": True, **dataclasses.asdict(rep), "regret": rep.regret}
+        return stats.regret_stats(self.scheduler.regret)
 
     def close_session(self, session_id: str) -> bool:
         """Drop the session's references on the cache (session-aware eviction); False if it
@@ -470,21 +356,3 @@ class Engine:
     def check_memory(self) -> None:
         """Raise RuntimeError unless free + cached + held == pool size (and owners are sane)."""
         self.kv.check(self.scheduler.running)
-
-    def _maybe_log(self) -> None:
-        now = time.perf_counter()
-        if now - self._last_log < self.log_interval_s:
-            return
-        self._last_log = now
-        m = self.metrics()
-        logger.info(
-            "running=%d waiting=%d pool usage=%.1f%% token hit rate=%.1f%% cached=%d "
-            "preemptions=%d finished=%d",
-            m.running_requests,
-            m.waiting_requests,
-            100 * m.pool_usage,
-            100 * m.token_hit_rate,
-            m.cached_tokens_in_tree,
-            m.num_preemptions,
-            m.finished_requests,
-        )

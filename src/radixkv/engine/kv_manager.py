@@ -11,9 +11,10 @@ The host/storage tiers (`tiers`, engine/tiers.py; `NoTiers` when there are none)
 the tree did and hand back load plans; they never move a device slot themselves. Requests held
 at arrival for their storage pages wait in `held` (`hold_for_storage`, `poll_tiers`).
 
-Hybrid models (SWA / STATE components) add `comp` (engine/components_kv.py), which owns those
+Hybrid models (SWA / STATE components) have `comp` (engine/components_kv.py), which owns those
 pools' bookkeeping and the hybrid tree (`radixkv.cache.HybridCache`): every call that moves data
-in or out of that tree goes through it. `cache` is whichever tree there is, seen through the
+in or out of that tree goes through it. A FULL-only model's `comp` is `NoComponents`, whose
+per-request hooks do nothing. `cache` is whichever tree there is, seen through the
 contract every design shares (`PrefixIndex`: match, locks, sizes, checks); `plain` is the same
 object when it is a FULL-only cache (`PrefixCache`: insert / evict / reset of FULL slots).
 """
@@ -27,6 +28,7 @@ import numpy as np
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.kv_events import NULL_SINK, EventSink
+from radixkv.engine.no_components import NoComponents
 from radixkv.engine.prefetch import PrefetchHold
 from radixkv.engine.request import Request
 from radixkv.engine.tier_setup import NoTiers, Tiers
@@ -42,23 +44,27 @@ class KVManager:
         cache: PrefixCache | None,
         comp: ComponentMemory | None = None,
         tiers: Tiers | None = None,
+        events: EventSink = NULL_SINK,
     ) -> None:
         """`cache`: the FULL-only prefix cache (None when off, or for a hybrid model, whose
-        tree `comp` holds)."""
+        tree `comp` holds; `comp` frees FULL slots into this `allocator`). `events`: the KV
+        events sink (engine/kv_events.py), told where slots enter or leave the tree."""
         if comp is not None and cache is not None:
             raise ValueError("a hybrid model's prefix cache is its ComponentMemory's tree")
+        if comp is not None and comp.full_alloc is not allocator:
+            raise ValueError("ComponentMemory must free FULL slots into this allocator")
         self.allocator = allocator
         self.table = table
         self.plain = cache
         self.cache: PrefixIndex | None = cache if comp is None else comp.cache
         self.page_size = allocator.page_size
-        self.comp = comp
-        if comp is not None:
-            comp.full_alloc = allocator
+        # The hybrid components' memory, or its null object for a FULL-only model: per-request
+        # hooks are called unconditionally; tree-level calls ask isinstance(ComponentMemory).
+        self.comp: ComponentMemory | NoComponents = comp if comp is not None else NoComponents()
         self.tiers: Tiers = tiers if tiers is not None else NoTiers()
         self.held = PrefetchHold()
-        # KV events (engine/kv_events.py); hooks: every `self.events.` call below.
-        self.events: EventSink = NULL_SINK
+        # KV events hooks: every `self.events.` call below.
+        self.events = events
 
     # -- allocation ---------------------------------------------------------------------------
     def available_pages(self) -> int:
@@ -71,7 +77,7 @@ class KVManager:
         pages = self.allocator.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
             short = (num_pages - self.allocator.free_pages) * self.page_size
-            if self.comp is not None:
+            if isinstance(self.comp, ComponentMemory):
                 self.comp.evict_full(short)
             elif self.plain is not None:
                 evicted = self.plain.evict(short)
@@ -92,7 +98,7 @@ class KVManager:
             return 0, np.empty(0, dtype=np.int64)
         query = req.tokens[: len(req.tokens) - 1]
         m: MatchResult
-        if self.comp is not None:
+        if isinstance(self.comp, ComponentMemory):
             m = self.comp.match(req, query)
         else:
             m = self.cache.match(query, req.namespace)
@@ -164,14 +170,13 @@ class KVManager:
 
     def reserve_components(self, req: Request) -> bool:
         """Hybrid: take what a request needs besides FULL pages before it is bound."""
-        return self.comp is None or self.comp.reserve(req)
+        return self.comp.reserve(req)
 
     def unlock(self, req: Request) -> None:
         if req.handle is not None and self.cache is not None:
             self.cache.unlock(req.handle)
         req.handle = None
-        if self.comp is not None:
-            self.comp.forget_match(req)
+        self.comp.forget_match(req)
 
     def bind(
         self, req: Request, prefix_len: int, prefix_slots: np.ndarray, pages: list[int]
@@ -181,33 +186,29 @@ class KVManager:
         self.table.write(row, 0, prefix_slots)
         self.table.write(row, prefix_len, self.allocator.page_slots(pages))
         req.row, req.prefix_len, req.kv_len, req.own_pages = row, prefix_len, prefix_len, pages
-        if self.comp is not None:
-            self.comp.bind(req, prefix_len)
+        self.comp.bind(req, prefix_len)
 
     def grow(self, req: Request, new_len: int) -> bool:
         """Make sure positions < new_len have slots; False (nothing changed) if out of memory."""
         cap = self.capacity(req, self.page_size)
-        if new_len <= cap and self.comp is None:
-            return True
         if new_len > cap:
             pages = self.alloc(self.allocator.pages_for(new_len - cap))
             if pages is None:
                 return False
             self.table.write(req.row, cap, self.allocator.page_slots(pages))
             req.own_pages.extend(pages)
-        return self.comp is None or self.comp.ensure(req, new_len)
+        return self.comp.ensure(req, new_len)
 
     def prepare_chunk(self, req: Request, n: int) -> bool:
         """Hybrid: the SWA slots of the next `n` tokens (FULL pages come at admission)."""
-        return self.comp is None or self.comp.ensure(req, req.kv_len + n)
+        return self.comp.ensure(req, req.kv_len + n)
 
     def chunk_cap(self, req: Request) -> int:
         """Hybrid STATE: the longest prefill chunk that stops on the next checkpoint boundary."""
-        return req.pending if self.comp is None else self.comp.chunk_cap(req)
+        return self.comp.chunk_cap(req)
 
     def after_step(self, req: Request, was_prefill: bool) -> None:
-        if self.comp is not None:
-            self.comp.after_step(req, was_prefill)
+        self.comp.after_step(req, was_prefill)
 
     def fork(self, parent: Request, child: Request) -> tuple[np.ndarray, np.ndarray] | None:
         """Give `child` the parent's computed context [0, parent.kv_len) without recomputing it.
@@ -218,7 +219,7 @@ class KVManager:
         pages of the child's own. Returns (src, dst) slots whose K/V the caller copies, or None
         (nothing changed) when no row or pages are free.
         """
-        if self.table.free_rows == 0 or self.comp is not None:
+        if self.table.free_rows == 0 or isinstance(self.comp, ComponentMemory):
             # Hybrid: a fork would also need its own SWA pages and a copy of the working state;
             # the child is admitted like any request instead (it hits the parent's prefix).
             return None
@@ -245,7 +246,7 @@ class KVManager:
         leading pages of `own_pages` the cache now owns or were freed (the tree adopted them),
         and the handle covering tokens[:aligned]."""
         slots = self.table.get_numpy(req.row, 0, aligned)
-        if self.comp is not None:
+        if isinstance(self.comp, ComponentMemory):
             cached, handle = self.comp.insert(req, slots, aligned, finishing)
         else:
             assert self.plain is not None
@@ -286,8 +287,7 @@ class KVManager:
         req.handle = handle
         # The duplicate range now reads the tree's slots (same tokens, same positions → same KV).
         self.table.write(req.row, 0, self.cache.slots_of(handle))
-        if self.comp is not None:
-            self.comp.rewrite_prefix(req, handle)
+        self.comp.rewrite_prefix(req, handle)
         req.own_pages = req.own_pages[handed:]
         req.prefix_len = aligned
 
@@ -303,8 +303,7 @@ class KVManager:
             self._hold_session(req, aligned, handle)
         if handed < len(req.own_pages):
             self.allocator.free_page_ids(req.own_pages[handed:])
-        if self.comp is not None:
-            self.comp.release(req)
+        self.comp.release(req)
         self.unlock(req)
         self.table.free_row(req.row)
         req.row, req.kv_len, req.prefix_len, req.own_pages = -1, 0, 0, []
@@ -335,7 +334,7 @@ class KVManager:
     # -- whole-pool operations ----------------------------------------------------------------
     def flush(self, idle: bool) -> None:
         """Drop every unlocked cached prefix (everything, when no request holds a lock)."""
-        if self.comp is not None:
+        if isinstance(self.comp, ComponentMemory):
             self.comp.flush(idle)
         elif self.plain is None:
             return
@@ -373,8 +372,7 @@ class KVManager:
             cap = self.capacity(r, self.page_size)
             if not r.prefix_len <= r.kv_len <= cap or self.table.capacity(r.row) < cap:
                 raise RuntimeError(f"request {r.request_id} has inconsistent lengths")
-        if self.comp is not None:
-            self.comp.check(running)
+        self.comp.check(running)
         if self.cache is not None:
             self.cache.check_integrity()
         self.tiers.check()

@@ -51,7 +51,7 @@ class ModelRunner:
                 self.swa_table.get(r.row, 0, r.kv_len + n)
                 for r, n in zip(sched.reqs, sched.extend_lens, strict=True)
             ]
-        state = [r.state_slot for r in sched.reqs] if self.pools.state is not None else None
+        state = [r.hybrid.state_slot for r in sched.reqs] if self.pools.state is not None else None
         return ForwardBatch.from_contexts(
             flat,
             contexts,

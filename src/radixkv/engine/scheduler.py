@@ -69,7 +69,9 @@ class Scheduler:
     admit_scan_limit = 64  # waiting requests considered for admission per step
     defer_min_gain = 16  # tokens a waiting request must gain to wait for an in-flight prefill
 
-    def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVManager, regret: RegretWindow | None = None
+    ) -> None:
         self.config = config
         self.kv = kv
         self.page_size = kv.page_size
@@ -80,8 +82,8 @@ class Scheduler:
         # Totals over first admissions (retraction readmits are not double counted).
         self.prompt_tokens_total = 0
         self.cached_prompt_tokens_total = 0
-        # Live regret (set by the engine): first admissions are recorded as page keys.
-        self.regret: RegretWindow | None = None
+        # Live regret (None: off): first admissions are recorded as page keys.
+        self.regret = regret
         # Prompt positions the model computed (a forked choice computes none of its prompt).
         self.prefill_tokens_total = 0
 

@@ -4,6 +4,7 @@ arguments."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 
 from radixkv.cache.base import PrefixCache
 from radixkv.cache.components import Components, HybridPrefixCache
+from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.types import SamplingParams
 from radixkv.memory.pool import KVPoolConfig
@@ -71,6 +73,24 @@ def load(path: str | None, device: str, dtype: torch.dtype) -> Any:
     from radixkv.model import load_model
 
     return load_model(path, device, dtype)
+
+
+def eos_token_ids(model_config: Any, tokenizer: Any) -> frozenset[int]:
+    """The ids that end a generation: the model config's and the tokenizer's, together."""
+    return frozenset(
+        int(t)
+        for t in itertools.chain(
+            getattr(model_config, "eos_token_ids", ()) or (),
+            getattr(tokenizer, "eos_token_ids", ()) or (),
+        )
+    )
+
+
+def make_regret_window(cfg: CacheConfig, cache: Any, num_slots: int) -> RegretWindow | None:
+    """The live regret window the config asks for (None when off, or without a prefix cache)."""
+    if cache is None or cfg.regret_window <= 0:
+        return None
+    return RegretWindow(cfg.page_size, num_slots, max_requests=cfg.regret_window)
 
 
 def num_slots(cfg: CacheConfig, model_config: Any, dtype: torch.dtype) -> int:

@@ -19,19 +19,11 @@ import torch
 
 from radixkv.memory.hybrid import PoolSpec
 from radixkv.memory.pool import KVPoolConfig
+from radixkv.model.registry import LLAMA_ARCHITECTURES as LLAMA_ARCHITECTURES
+from radixkv.model.registry import UnsupportedArchitectureError as UnsupportedArchitectureError
+from radixkv.model.registry import architecture, family
 
-# The architectures LlamaConfig parses (registered in radixkv.model.registry).
-LLAMA_ARCHITECTURES: tuple[str, ...] = (
-    "LlamaForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "MistralForCausalLM",
-)
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
-
-
-class UnsupportedArchitectureError(ValueError):
-    """The checkpoint's architecture (or a feature of it, e.g. RoPE scaling) is not supported."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +101,6 @@ class LlamaConfig:
         cls, raw: dict[str, Any], generation_config: dict[str, Any] | None = None
     ) -> LlamaConfig:
         """Parse an HF config dict; raises UnsupportedArchitectureError for anything else."""
-        from radixkv.model.registry import architecture, family
-
         arch = architecture(raw)
         if arch not in LLAMA_ARCHITECTURES:
             family(arch)  # unsupported: raises naming the supported ones
@@ -159,8 +149,6 @@ def _eos_ids(raw: dict[str, Any], gen: dict[str, Any]) -> tuple[int, ...]:
 def base_fields(raw: dict[str, Any], gen: dict[str, Any] | None) -> dict[str, Any]:
     """The fields every family's config has, parsed one way from an HF config dict (and its
     generation config): shapes, norm epsilon, tied embeddings, EOS / BOS ids, stored dtype."""
-    from radixkv.model.registry import architecture
-
     num_heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     g = gen or {}

@@ -17,11 +17,22 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from radixkv.model.config import LLAMA_ARCHITECTURES, UnsupportedArchitectureError
-
 if TYPE_CHECKING:
     from radixkv.model.config import LlamaConfig
     from radixkv.model.hybrid import HybridConfig
+
+# The architectures LlamaConfig parses (one family, radixkv.model.llama).
+LLAMA_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+)
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The checkpoint's architecture (or a feature of it, e.g. RoPE scaling) is not supported."""
+
 
 AnyConfig: TypeAlias = "LlamaConfig | HybridConfig"
 

@@ -7,7 +7,8 @@ background threads with timeouts, health tracking and backoff.
 
 from __future__ import annotations
 
-from radixkv.storage.base import StorageBackend, StorageError, make_backend
+from radixkv.storage.backends import make_backend
+from radixkv.storage.base import StorageBackend, StorageError
 from radixkv.storage.codec import CorruptPage, PageMeta, decode_page, encode_page
 
 __all__ = [
