@@ -167,7 +167,8 @@ def test_bench_tiers_hybrid_model(tmp_path: Path, tiny_model_dir: Callable[..., 
     """A hybrid (Gemma 3: sliding window + full attention) runs its L1 row; a tier row either
     runs with the same accounting or reports the server's refusal, and the run goes on."""
     model = tiny_model_dir("gemma3")
-    res = _run(tmp_path, model, "--modes", "L1,L1+L2", "--skip-restart")
+    chunk = "--server-arg=--chunked-prefill-size=64"  # the SWA pool needs window + one chunk
+    res = _run(tmp_path, model, "--modes", "L1,L1+L2", "--skip-restart", chunk)
     _check_accounting(res["modes"]["L1"])
     tier = res["modes"]["L1+L2"]
     if "error" in tier:

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -222,6 +223,8 @@ def _settle(url: str, timeout: float = 60.0) -> None:
 def main(args: argparse.Namespace) -> int:
     from radixkv.bench.tiers_report import format_table, plot_rounds
 
+    # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so every server started here is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     shape = shape_of(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
@@ -240,10 +243,12 @@ def main(args: argparse.Namespace) -> int:
         log_dir = Path(args.log_dir or tmp)
         for mode in modes:
             results["modes"][mode] = run_mode(mode, args, rounds, log_dir)
-        results["speedup_vs_L1"] = mt.speedups(results["modes"])
-        results["dtype"] = next(
-            (m["dtype"] for m in results["modes"].values() if m.get("dtype")), None
-        )
+            results["speedup_vs_L1"] = mt.speedups(results["modes"])
+            results["dtype"] = next(
+                (m["dtype"] for m in results["modes"].values() if m.get("dtype")), None
+            )
+            if args.json:  # after every mode: an interrupted run keeps what it measured
+                mt.write_json(results, args.json)
         if not args.skip_restart:
             try:
                 results["restart"] = restart_ttft(args, log_dir)
