@@ -123,7 +123,8 @@ def plot_rounds(results: dict[str, Any], path: str) -> None:
     ax_tput.set_yscale("log")
     for ax in (ax_hit, ax_tput):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if modes:
+            ax.legend(fontsize=8)
     fig.suptitle(f"{results['model']}: {title}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
