@@ -1,247 +1,262 @@
-"""`radixkv bench tiers`: what the host (L2) and storage (L3) tiers buy, in-process.
+"""`radixkv bench tiers`: what the host (L2) and storage (L3) tiers buy, through the HTTP server.
 
-Multi-turn: `--clients` conversations, `--rounds` rounds; in each round every client sends its
-whole history (earlier prompts and answers) plus a new `--turn-len`-token turn, `--concurrency`
-requests in flight. The device pool (L1) is sized to `--l1-frac` of the final working set, L2 to
-`--l2-frac`; L3 is a file directory in a temporary folder. Modes side by side: L1 only, L1+L2,
-L1+L2+L3. Per round: effective input throughput (all prompt tokens of the round ÷ its wall
-time) and the token hit rate, plus which tier served the hits.
+Multi-turn, shaped like SGLang's HiCache benchmark (radixkv.bench.multiturn): `--clients`
+conversations x `--rounds` rounds, each round every client's whole history plus a new turn of
+`--turn-len` tokens, `--output-len` tokens out, `--concurrency` requests in flight, rounds in
+order (round r+1 starts when round r has answered). For each mode a real `radixkv serve` process
+is started with the device pool (L1, `--num-slots`) sized to `--l1-frac` of the final working
+set; L1+L2 adds `--enable-hierarchical-cache` (L2 at its default size unless `--hicache-size`),
+L1+L2+L3 adds a file directory (or `--storage-url redis://...`) with the DEFAULT prefetch policy.
+Per round: the server's token hit rate against the ideal (every earlier token cached), the
+effective input throughput (prompt tokens / wall time), TTFT and TPOT, and which tier served the
+hits (/cache/stats). A mode whose server refuses its flags (e.g. a hybrid model while hybrid
+tiers are missing) is reported with the server's error and the run goes on.
 
-Restart: a `--prefix-len`-token shared prefix is computed by one engine, which then shuts down
-cleanly (flushing L3); a fresh engine (empty tree, empty L2: a restarted server) answers a new
-request on that prefix: its TTFT with L3 vs without.
+Restart: a `--prefix-len`-token prefix is computed by one server with L3, which then shuts down
+cleanly (flushing L3); fresh servers (empty tree, empty L2) without and with L3 then answer a new
+request on that prefix: TTFT and cached tokens of each.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import random
+import re
+import signal
 import sys
 import tempfile
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+
+from radixkv.bench import multiturn as mt
 
 MODES = ("L1", "L1+L2", "L1+L2+L3")
 
 
 def register(subparsers: Any) -> None:
-    from radixkv.engine.args import add_engine_args
-
-    p = subparsers.add_parser("tiers", help="hierarchical cache benchmark: L1 vs L1+L2 vs +L3")
-    add_engine_args(p)
+    p = subparsers.add_parser(
+        "tiers", help="multi-turn tier benchmark through the server: L1 vs L1+L2 vs L1+L2+L3"
+    )
+    p.add_argument("--model", default=None, help="checkpoint dir or short name (default model)")
+    p.add_argument("--dtype", default=None, help="server --dtype (default: the server's, auto)")
+    p.add_argument("--page-size", type=int, default=16, help="server --page-size")
     w = p.add_argument_group("workload")
     w.add_argument("--clients", type=int, default=8, help="conversations")
-    w.add_argument("--concurrency", type=int, default=2, help="requests in flight")
-    w.add_argument("--rounds", type=int, default=3, help="turns per conversation")
+    w.add_argument("--rounds", type=int, default=16, help="turns per conversation")
     w.add_argument("--turn-len", type=int, default=128, help="new user tokens per turn")
     w.add_argument("--output-len", type=int, default=8, help="answer tokens per turn")
-    w.add_argument("--l1-frac", type=float, default=0.25, help="device pool / working set")
-    w.add_argument("--l2-frac", type=float, default=0.5, help="host pool / working set")
-    w.add_argument("--prefix-len", type=int, default=1024, help="restart test: shared prefix")
-    w.add_argument("--modes", default=",".join(MODES), help="comma list of " + "|".join(MODES))
-    w.add_argument("--skip-restart", action="store_true")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    w.add_argument("--concurrency", type=int, default=2, help="requests in flight")
+    w.add_argument("--l1-frac", type=float, default=1 / 3, help="device pool / working set")
+    w.add_argument("--seed", type=int, default=0, help="seed of the synthetic turns")
+    t = p.add_argument_group("tiers")
+    t.add_argument("--hicache-size", type=float, default=None, help="L2 MiB (default: server's)")
+    t.add_argument("--storage-url", default=None, help="L3 redis:// URL (default: a file dir)")
+    t.add_argument("--modes", default=",".join(MODES), help="comma list of " + "|".join(MODES))
+    t.add_argument("--prefix-len", type=int, default=1024, help="restart test: shared prefix")
+    t.add_argument("--skip-restart", action="store_true")
+    p.add_argument("--server-arg", action="append", default=[], help="extra serve flag (repeat)")
+    p.add_argument("--log-dir", default=None, help="server logs here (default: a temp dir)")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     p.add_argument("--plot", default=None, help="also plot hit rate and throughput per round (PNG)")
     p.set_defaults(func=main)
 
 
-def _ids(vocab: int) -> tuple[int, int]:
-    return min(1000, vocab // 4), min(30000, vocab)
+def shape_of(args: argparse.Namespace) -> mt.Shape:
+    return mt.Shape(args.clients, args.rounds, args.turn_len, args.output_len)
 
 
-def conversations(args: argparse.Namespace, seed: int, vocab: int) -> list[list[list[int]]]:
-    """prompts[round][client]: each client's whole history plus its new turn."""
-    rng = random.Random(seed)
-    lo, hi = _ids(vocab)
-    history: list[list[int]] = [[] for _ in range(args.clients)]
-    rounds: list[list[list[int]]] = []
-    for _ in range(args.rounds):
-        this = []
-        for c in range(args.clients):
-            history[c] = history[c] + [rng.randrange(lo, hi) for _ in range(args.turn_len)]
-            this.append(list(history[c]))
-            # The answer becomes history; synthetic ids keep every mode's prompts identical.
-            history[c] += [rng.randrange(lo, hi) for _ in range(args.output_len)]
-        rounds.append(this)
-    return rounds
+def l1_slots(shape: mt.Shape, frac: float, page: int, concurrency: int) -> int:
+    """Device pool tokens: `frac` of the final working set, page-aligned up, but never below what
+    the requests in flight need together (else L1 thrashes inside a step, in every mode)."""
+    in_flight = concurrency * (shape.prompt_len(shape.rounds) + shape.output_len + page)
+    want = max(in_flight, int(shape.working_set * frac))
+    return -(-want // page) * page
 
 
-def _mode_config(
-    base: Any, mode: str, working_set: int, args: argparse.Namespace, tmp: str, token_bytes: int
-) -> Any:
-    page = base.cache.page_size
-    # The requests in flight must fit together, or L1 thrashes in every mode alike.
-    longest = args.concurrency * (args.rounds * (args.turn_len + args.output_len) + page)
-    l1 = max(longest, int(working_set * args.l1_frac)) // page * page + page
-    cfg = base.override(num_slots=l1, max_running_requests=args.concurrency)
-    if mode == "L1":
-        return cfg
-    l2_mb = max(working_set * args.l2_frac * token_bytes / 2**20, 0.01)
-    cfg = cfg.override(enable_hierarchical_cache=True, hicache_size=l2_mb)
+def mode_flags(mode: str, args: argparse.Namespace, slots: int, l3_dir: str) -> list[str]:
+    """`radixkv serve` flags of one mode. Only what the mode needs is set: every other tier flag
+    (prefetch policy, write policy, timeouts) stays at the server's default."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    flags = ["--page-size", str(args.page_size), "--num-slots", str(slots)]
+    if args.dtype:
+        flags += ["--dtype", args.dtype]
+    if mode != "L1":
+        flags.append("--enable-hierarchical-cache")
+        if args.hicache_size is not None:
+            flags += ["--hicache-size", str(args.hicache_size)]
     if mode == "L1+L2+L3":
-        cfg = cfg.override(
-            hicache_storage_backend="file",
-            hicache_storage_url=tmp,
-            hicache_storage_prefetch_policy="wait_complete",
-        )
-    return cfg
+        if args.storage_url:
+            flags += ["--hicache-storage-backend", "redis", "--hicache-storage-url"]
+            flags.append(args.storage_url)
+        else:
+            flags += ["--hicache-storage-backend", "file", "--hicache-storage-url", l3_dir]
+    return flags + list(args.server_arg)
+
+
+def _get(url: str, path: str) -> dict[str, Any]:
+    import httpx
+
+    out: dict[str, Any] = httpx.get(url + path, timeout=60).json()
+    return out
+
+
+def _send(url: str, model: str, prompts: list[list[int]], out_len: int, conc: int) -> Any:
+    from radixkv.bench.client import ClientOptions, run_requests
+    from radixkv.bench.workloads import BenchRequest
+
+    reqs = [BenchRequest(i, p, out_len, f"c{i}") for i, p in enumerate(prompts)]
+    opts = ClientOptions(base_url=url, model=model, concurrency=conc)
+    return asyncio.run(run_requests(reqs, opts))
+
+
+def _warmup(url: str, model: str, args: argparse.Namespace) -> None:
+    """Two unrelated requests of different lengths (first-call and compile costs out of round 1)."""
+    rng = random.Random(10_000 + args.seed)
+    prompts = [[rng.randrange(mt.ID_LO, mt.ID_HI) for _ in range(n)] for n in (48, 160)]
+    _send(url, model, prompts, 2, 1)
 
 
 def run_mode(
-    lm: Any, cfg: Any, rounds: list[list[list[int]]], args: argparse.Namespace
+    mode: str, args: argparse.Namespace, rounds: list[list[list[int]]], log_dir: Path
 ) -> dict[str, Any]:
-    from radixkv.bench.engine_driver import drive
-    from radixkv.bench.workloads import BenchRequest
-    from radixkv.engine.engine import Engine
+    """One server, every round; the rows, the summary and the server's final tier stats, or the
+    error that stopped it."""
+    from radixkv.bench.server_proc import LocalServer
 
-    engine = Engine(lm, config=cfg)
-    per_round = []
+    shape = shape_of(args)
+    slots = l1_slots(shape, args.l1_frac, args.page_size, args.concurrency)
+    ideal = mt.ideal_per_round(rounds)
+    with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as l3:
+        flags = mode_flags(mode, args, slots, l3)
+        log = log_dir / f"serve-{mode.replace('+', '_')}.log"
+        out: dict[str, Any] = {"num_slots": slots, "server_flags": flags, "log": log.name}
+        print(f"{mode}: L1 {slots} slots, starting the server ...", file=sys.stderr, flush=True)
+        try:
+            with LocalServer(args.model, flags, log_path=log) as srv:
+                out["server"] = srv.describe()
+                out["dtype"] = served_dtype(log)
+                model = _get(srv.url, "/v1/models")["data"][0]["id"]
+                _warmup(srv.url, model, args)
+                rows = []
+                for r, prompts in enumerate(rounds, start=1):
+                    before = _get(srv.url, "/cache/stats")["cached_tokens_by_tier"]
+                    run = _send(srv.url, model, prompts, args.output_len, args.concurrency)
+                    after = _get(srv.url, "/cache/stats")["cached_tokens_by_tier"]
+                    tiers = {k: v - before.get(k, 0) for k, v in after.items()}
+                    sent = sum(len(p) for p in prompts)
+                    rows.append(
+                        mt.round_record(r, run.results, run.wall_s, ideal[r - 1], sent, tiers)
+                    )
+                    _progress(mode, rows[-1])
+                stats = _get(srv.url, "/cache/stats")
+        except Exception as exc:  # a refused start or a dead server: reported, the run goes on
+            out["error"] = str(exc)[-1500:]
+            print(f"{mode}: failed: {out['error'][-300:]}", file=sys.stderr, flush=True)
+            return out
+    out.update(rounds=rows, summary=mt.mode_summary(rows), tier_stats=stats.get("tier_stats", {}))
+    return out
+
+
+def served_dtype(log: Path) -> str | None:
+    """The dtype the server resolved (its "engine ready ... dtype=X" log line), if logged."""
     try:
-        for r, prompts in enumerate(rounds):
-            before = engine.metrics().cached_tokens_by_tier
-            reqs = [BenchRequest(i, p, args.output_len, f"c{i}") for i, p in enumerate(prompts)]
-            res = drive(engine, reqs, concurrency=args.concurrency)
-            engine.check_memory()
-            s = res.summary()
-            print(f"  round {r + 1}: {s['wall_s']:.1f}s", file=sys.stderr, flush=True)
-            after = engine.metrics().cached_tokens_by_tier
-            tiers = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-            per_round.append(
-                {
-                    "round": r + 1,
-                    "prompt_tokens": s["prompt_tokens"],
-                    "wall_s": s["wall_s"],
-                    "effective_input_tok_per_s": s["effective_input_tok_per_s"],
-                    "token_hit_rate": s["token_hit_rate"],
-                    "ttft_mean_s": s["ttft_mean_s"],
-                    "hits_by_tier": tiers,
-                }
-            )
-        stats = engine.metrics().tier_stats
-    finally:
-        engine.close()
-    prompt = sum(r["prompt_tokens"] for r in per_round)
-    wall = sum(r["wall_s"] for r in per_round)
-    return {
-        "rounds": per_round,
-        "effective_input_tok_per_s": prompt / max(wall, 1e-9),
-        "token_hit_rate": sum(r["token_hit_rate"] * r["prompt_tokens"] for r in per_round) / prompt,
-        "num_slots": cfg.cache.num_slots,
-        "hicache_size_mb": cfg.cache.hicache_size,
-        "tier_stats": stats,
-    }
+        found = re.findall(r"engine ready .*dtype=(\w+)", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return found[-1] if found else None
 
 
-def restart_ttft(lm: Any, base: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
-    """TTFT of a new request on a long shared prefix right after a restart, with/without L3."""
-    from radixkv.engine.engine import Engine
-    from radixkv.engine.types import SamplingParams
-
-    rng = random.Random(7)
-    lo, hi = _ids(int(lm.config.vocab_size))
-    prefix = [rng.randrange(lo, hi) for _ in range(args.prefix_len)]
-    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    with_l3 = base.override(
-        enable_hierarchical_cache=True,
-        hicache_storage_backend="file",
-        hicache_storage_url=tmp,
-        hicache_storage_prefetch_policy="wait_complete",
+def _progress(mode: str, row: dict[str, Any]) -> None:
+    print(
+        f"  {mode} round {row['round']}: {row['wall_s']:.1f}s, hit "
+        f"{100 * row['token_hit_rate']:.1f}% (ideal {100 * row['ideal_hit_rate']:.1f}%)",
+        file=sys.stderr,
+        flush=True,
     )
-    first = Engine(lm, config=with_l3)
-    first.generate([prefix + [rng.randrange(lo, hi) for _ in range(16)]], sp)
-    first.close()
+
+
+def _ttft(url: str, model: str, prompt: list[int]) -> dict[str, Any]:
+    res = _send(url, model, [prompt], 1, 1).results[0]
+    if not res.ok:
+        raise RuntimeError(f"restart request failed: {res.error}")
+    return {"ttft_s": res.ttft_s, "cached_tokens": res.cached_tokens}
+
+
+def restart_ttft(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """TTFT of a new request on a long prefix right after a restart, without and with L3."""
+    from radixkv.bench.server_proc import LocalServer
+
+    rng = random.Random(7 + args.seed)
+    prefix = [rng.randrange(mt.ID_LO, mt.ID_HI) for _ in range(args.prefix_len)]
+    base = ["--page-size", str(args.page_size), *(["--dtype", args.dtype] if args.dtype else [])]
+    base += list(args.server_arg)
     out: dict[str, Any] = {"prefix_len": args.prefix_len}
-    for name, cfg in (("without_l3", base), ("with_l3", with_l3)):
-        engine = Engine(lm, config=cfg)  # a restarted server: empty tree, empty host pool
-        q = prefix + [rng.randrange(lo, hi) for _ in range(16)]
-        t0 = time.perf_counter()
-        got = engine.generate([q], sp)[0]
-        out[name] = {"ttft_s": time.perf_counter() - t0, "cached_tokens": got.cached_tokens}
-        engine.close()
+    with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as l3:
+        tiers = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]
+        tiers += ["--hicache-storage-url", l3]
+        with LocalServer(args.model, base + tiers, log_path=log_dir / "serve-restart-0.log") as s:
+            model = _get(s.url, "/v1/models")["data"][0]["id"]
+            _ttft(s.url, model, prefix + [rng.randrange(mt.ID_LO, mt.ID_HI) for _ in range(16)])
+            _settle(s.url)
+        for name, flags in (("without_l3", base), ("with_l3", base + tiers)):
+            with LocalServer(args.model, flags, log_path=log_dir / f"serve-{name}.log") as s:
+                _warmup(s.url, model, args)
+                q = prefix + [rng.randrange(mt.ID_LO, mt.ID_HI) for _ in range(16)]
+                out[name] = _ttft(s.url, model, q)
     out["speedup"] = out["without_l3"]["ttft_s"] / max(out["with_l3"]["ttft_s"], 1e-9)
     return out
 
 
-def format_table(results: dict[str, Any]) -> str:
-    lines = [
-        f"{'mode':<10} {'round':>5} {'prompt tok':>10} {'eff. input tok/s':>16} {'hit rate':>8} "
-        f"{'device/host/storage hits':>26}"
-    ]
-    for mode, res in results["modes"].items():
-        for r in res["rounds"]:
-            t = r["hits_by_tier"]
-            split = f"{t.get('device', 0)}/{t.get('host', 0)}/{t.get('storage', 0)}"
-            lines.append(
-                f"{mode:<10} {r['round']:>5} {r['prompt_tokens']:>10} "
-                f"{r['effective_input_tok_per_s']:>16.0f} {100 * r['token_hit_rate']:>7.1f}% "
-                f"{split:>26}"
-            )
-        lines.append(
-            f"{mode:<10} {'all':>5} {'':>10} {res['effective_input_tok_per_s']:>16.0f} "
-            f"{100 * res['token_hit_rate']:>7.1f}%"
-        )
-    rs = results.get("restart")
-    if rs:
-        lines.append("")
-        lines.append(
-            f"restart, {rs['prefix_len']}-token prefix: TTFT without L3 "
-            f"{1000 * rs['without_l3']['ttft_s']:.0f} ms "
-            f"(cached {rs['without_l3']['cached_tokens']}), with L3 "
-            f"{1000 * rs['with_l3']['ttft_s']:.0f} ms (cached {rs['with_l3']['cached_tokens']}): "
-            f"{rs['speedup']:.2f}x"
-        )
-    return "\n".join(lines)
+def _settle(url: str, timeout: float = 60.0) -> None:
+    """Wait until the server's L3 writes are confirmed (the clean shutdown flushes the rest)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _get(url, "/cache/stats")["tier_stats"].get("storage_pending_writes", 0) == 0:
+            return
+        time.sleep(0.1)
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
+    from radixkv.bench.tiers_report import format_table, plot_rounds
 
-    from radixkv.bench.engine_driver import load_for_bench
-
-    base, lm, _, dtype = load_for_bench(args)
-    mc = lm.config
-    elem = torch.empty((), dtype=dtype).element_size()
-    token_bytes = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * elem
-    rounds = conversations(args, base.scheduler.seed, int(mc.vocab_size))
-    working_set = args.clients * (args.rounds * (args.turn_len + args.output_len))
+    # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so every server started here is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    shape = shape_of(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    results: dict[str, Any] = {"working_set_tokens": working_set, "modes": {}}
-    for mode in modes:
-        if mode not in MODES:
-            raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
-        with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as tmp:
-            cfg = _mode_config(base, mode, working_set, args, tmp, token_bytes)
-            print(f"running {mode} (L1 {cfg.cache.num_slots} slots)...", file=sys.stderr)
-            results["modes"][mode] = run_mode(lm, cfg, rounds, args)
-    if not args.skip_restart:
-        with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as tmp:
-            results["restart"] = restart_ttft(lm, base, args, tmp)
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    rounds = mt.build_rounds(shape, args.seed, mt.vocab_size(args.model))
+    results: dict[str, Any] = {
+        "model": args.model or "default (embedded SmolLM2-135M-Instruct)",
+        "shape": {**asdict(shape), "concurrency": args.concurrency, "l1_frac": args.l1_frac},
+        "page_size": args.page_size,
+        "working_set_tokens": shape.working_set,
+        "ideal_speedup": mt.ideal_speedup(rounds),
+        "modes": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="radixkv-bench-tiers-") as tmp:
+        log_dir = Path(args.log_dir or tmp)
+        for mode in modes:
+            results["modes"][mode] = run_mode(mode, args, rounds, log_dir)
+            results["speedup_vs_L1"] = mt.speedups(results["modes"])
+            results["dtype"] = next(
+                (m["dtype"] for m in results["modes"].values() if m.get("dtype")), None
+            )
+            if args.json:  # after every mode: an interrupted run keeps what it measured
+                mt.write_json(results, args.json)
+        if not args.skip_restart:
+            try:
+                results["restart"] = restart_ttft(args, log_dir)
+            except Exception as exc:  # a refused start or a dead server: reported, the run goes on
+                results["restart"] = {"error": str(exc)[-1500:]}
     print(format_table(results))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        mt.write_json(results, args.json)
     if args.plot:
         plot_rounds(results, args.plot)
     return 0
-
-
-def plot_rounds(results: dict[str, Any], path: str) -> None:
-    """Two panels: token hit rate and effective input tok/s per round, one line per mode."""
-    from radixkv.bench.plots import pyplot
-
-    plt = pyplot()
-    fig, (ax_hit, ax_tput) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode, res in results["modes"].items():
-        rounds = [r["round"] for r in res["rounds"]]
-        ax_hit.plot(rounds, [100 * r["token_hit_rate"] for r in res["rounds"]], "o-", label=mode)
-        ax_tput.plot(rounds, [r["effective_input_tok_per_s"] for r in res["rounds"]], "o-")
-    ax_hit.set(xlabel="round", ylabel="token hit rate (%)", title="hit rate per round")
-    ax_tput.set(xlabel="round", ylabel="prompt tokens / s", title="effective input throughput")
-    for ax in (ax_hit, ax_tput):
-        ax.set_xticks(range(1, 1 + max(len(r["rounds"]) for r in results["modes"].values())))
-    ax_hit.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
