@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # cluster_harness
+_here = Path(__file__).resolve().parent
+sys.path.insert(0, str(_here.parent / "events"))  # kv_subscriber (decodes the wire format alone)
+sys.path.insert(0, str(_here))  # cluster_harness
 
 
 @pytest.fixture(scope="module")

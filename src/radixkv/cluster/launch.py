@@ -212,7 +212,8 @@ def _model_name(spec: ClusterSpec, cluster: RunningCluster) -> str:
 def _start_router(spec: ClusterSpec, cluster: RunningCluster) -> None:
     python = Path(spec.router_python) if spec.router_python else router_python(spec.router)
     sources: tuple[tuple[str, str, str | None], ...] = ()
-    if spec.kv_events and spec.router == "vllm-router":
+    # vllm-router refuses event sources with any other policy.
+    if spec.kv_events and spec.router == "vllm-router" and spec.policy == "kv_aware":
         sources = tuple(
             zip(
                 cluster.worker_urls,
