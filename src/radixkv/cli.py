@@ -1,7 +1,7 @@
 """`radixkv` command line.
 
 serve | demo | generate | chat | replay | bench {tree, engine, tiers, storage, eviction, serve,
-compare, grammar, peers, answers}. (The maintainers' tools, e.g. the report that writes
+compare, grammar, peers, answers, cluster}. (The maintainers' tools, e.g. the report that writes
 docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
@@ -31,6 +31,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.grammar", True),  # bench grammar
     ("radixkv.bench.peers", True),  # bench peers
     ("radixkv.bench.answers", True),  # bench answers
+    ("radixkv.bench.cluster", True),  # bench cluster
 )
 
 
