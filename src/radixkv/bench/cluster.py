@@ -86,7 +86,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="extra `radixkv serve` argument for every replica (repeat; e.g. --serve-arg=--threads=1)",
+        help="extra `radixkv serve` argument for every replica (repeat: --serve-arg=--threads=1)",
     )
     p.add_argument("--router-python", default=None, help="interpreter with smg / vllm-router")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
