@@ -111,10 +111,13 @@ def _workload(args: argparse.Namespace, model: str | None) -> Workload:
     return build_workload(args, token_source(args))
 
 
-def serve_args(args: argparse.Namespace) -> list[str]:
-    """What every replica runs with (on top of the launcher's own flags)."""
+def serve_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """What every replica runs with (on top of the launcher's own flags): the pool, the page,
+    one torch thread each and no compilation (N replicas share the machine's cores; the figures
+    are about cache hits, and a cold compile would dominate a short run), then --serve-arg."""
     out = ["--num-slots", str(args.num_slots), "--page-size", str(args.page_size)]
-    return out + list(args.serve_arg)
+    out += ["--threads", "1", "--no-compile", "--log-level", "warning"]
+    return (*out, *args.serve_arg)
 
 
 def run_config(

@@ -70,7 +70,7 @@ async def stats_snapshot(
         status, body = await _get_json(session, url.rstrip("/") + "/cache/stats", api_key)
         if status != 200 or not isinstance(body, dict):
             raise RuntimeError(f"{url}/cache/stats answered {status}")
-        snap = {k: int(body.get(k, 0)) for k in _COUNTERS}
+        snap: dict[str, Any] = {k: int(body.get(k, 0)) for k in _COUNTERS}
         snap["cached_tokens_by_tier"] = dict(body.get("cached_tokens_by_tier") or {})
         out.append(snap)
     return out
