@@ -82,11 +82,27 @@ def register(subparsers: Any) -> None:
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     p.add_argument("--sim-only", action="store_true", help="run the simulation only")
     p.add_argument(
+        "--sim-in-flight",
+        type=int,
+        default=0,
+        metavar="K",
+        help="simulation: a request's pages become visible K requests after it (concurrent "
+        "requests missing each other's prefixes); default 0: in order, as a replica that admits "
+        "a queued request only after the earlier one's prefill mostly behaves",
+    )
+    p.add_argument(
         "--serve-arg",
         action="append",
         default=[],
         metavar="ARG",
         help="extra `radixkv serve` argument for every replica (repeat: --serve-arg=--threads=1)",
+    )
+    p.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra router argument (repeat; e.g. --router-arg=--balance-abs-threshold=1000000)",
     )
     p.add_argument("--router-python", default=None, help="interpreter with smg / vllm-router")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
@@ -136,6 +152,7 @@ def run_config(
         shared_l3=l3,
         kv_events=policy == "kv_aware",
         router_python=args.router_python,
+        router_args=tuple(args.router_arg),
     )
     t0 = time.perf_counter()
     with start_cluster(spec) as cluster:
@@ -186,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     workload = _workload(args, model)
     prompts = [r.prompt_ids for r in workload.requests]
     setup = SimSetup(
-        args.replicas, args.num_slots // args.page_size, args.page_size, args.concurrency - 1
+        args.replicas, args.num_slots // args.page_size, args.page_size, args.sim_in_flight
     )
     sims = simulate_all(prompts, setup, args.configs)
     ideal = sims["ideal"].cached_tokens

@@ -90,6 +90,19 @@ def real_summary(run: ClusterRun, replicas: int, ideal_cached: int) -> dict[str,
         "of_ideal": cached / ideal_cached if ideal_cached else None,
         "ttft_s": _stats([r.ttft_s for r in ok if r.ttft_s is not None], (50, 90, 99)),
         "replicas": per,
+        "requests": [
+            {
+                "index": res.index,
+                "group": res.group,
+                "replica": r,
+                "ok": res.ok,
+                "prompt_tokens": res.prompt_tokens,
+                "cached_tokens": res.cached_tokens,
+                "ttft_s": res.ttft_s,
+                "send_s": res.send_s,
+            }
+            for res, r in zip(run.results, run.replica_of, strict=True)
+        ],
     }
 
 

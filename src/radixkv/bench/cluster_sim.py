@@ -17,7 +17,8 @@ Model (what `radixkv bench cluster` prints beside the real cluster's figures):
   of everything routed to it (the router never learns of evictions); the replica with the highest
   match rate gets the request if that rate exceeds `cache_threshold`, else the replica whose tree
   is smallest; `kv_aware`, exact routing on the replicas' real contents (what KV events tell
-  vllm-router): the longest actual match, ties and misses to the replica with fewest requests.
+  vllm-router): the longest actual match when it covers more than `cache_threshold` of the
+  prompt (ties to the replica with fewest requests), else the replica with fewest requests.
 - `global_pool`: one LRU of the summed capacity (the bound routing cannot beat, for this capacity);
   `ideal`: one unbounded pool (every repeated page is a hit).
 Concurrency-driven load balancing (smg's balance thresholds) is not modelled.
@@ -135,6 +136,26 @@ class _CacheAwareRouter:
         return best
 
 
+def _exact_pick(
+    pools: Sequence[PageLRU],
+    chain: Sequence[int],
+    length: int,
+    page_size: int,
+    threshold: float,
+    res: SimResult,
+) -> int:
+    """kv_aware: the replica whose real contents match the most (ties: fewest requests so far)
+    when that match is over `threshold` of the prompt, else the replica with fewest requests (a
+    stand-in for a load-aware choice; a prefix every replica shares does not pin anything)."""
+    least = min(range(len(pools)), key=lambda j: (res.replica_requests[j], j))
+    best = max(
+        range(len(pools)), key=lambda j: (pools[j].match(chain), -res.replica_requests[j], -j)
+    )
+    if length and pools[best].match(chain) * page_size / length > threshold:
+        return best
+    return least
+
+
 def simulate(
     prompts: Sequence[Sequence[int]],
     *,
@@ -169,10 +190,8 @@ def simulate(
             r = i % replicas
         elif router is not None:
             r = router.pick(chain, len(tokens))
-        else:  # kv_aware: the longest real match; ties and misses to the least-used replica
-            r = max(
-                range(replicas), key=lambda j: (pools[j].match(chain), -res.replica_requests[j], -j)
-            )
+        else:  # kv_aware: see _exact_pick
+            r = _exact_pick(pools, chain, len(tokens), page_size, cache_threshold, res)
         local = pools[r].match(chain)
         remote = l3.match(chain, local) if l3 is not None else 0
         hit = (local + remote) * page_size
