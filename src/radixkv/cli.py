@@ -1,8 +1,8 @@
 """`radixkv` command line.
 
-serve | demo | generate | chat | replay | bench {tree, engine, tiers, storage, eviction, serve,
-compare, grammar, peers, answers, cluster}. (The maintainers' tools, e.g. the report that writes
-docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
+serve | demo | generate | chat | replay | cluster up | bench {tree, engine, tiers, storage,
+eviction, serve, compare, grammar, peers, answers, cluster}. (The maintainers' tools, e.g. the
+report that writes docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -21,6 +21,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.server.cli", False),  # serve, generate, chat
     ("radixkv.server.demo", False),  # demo
     ("radixkv.bench.replay_cli", False),  # replay
+    ("radixkv.cluster.cli", False),  # cluster up
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
     ("radixkv.bench.tiers", True),  # bench tiers

@@ -1,0 +1,44 @@
+"""Shared by the cluster tests: the routers' virtualenvs (a skip only when pip cannot reach the
+package index), the replicas' common flags, and reading a replica's request counters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixkv.cluster.routers import RouterInstallError, router_python
+
+KEY = "gw-test-key"
+MODEL = "tiny-llama"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# Tiny model, small pool, one thread: a replica starts in a few seconds.
+SERVE_ARGS = (
+    "--served-model-name", MODEL, "--num-slots", "4096", "--max-model-len", "512",
+    "--no-compile", "--threads", "1", "--log-level", "warning",
+)  # fmt: skip
+
+
+def router_python_or_skip(router: str) -> Path:
+    """The router's cached virtualenv (installed on first use); skip only if pip is offline."""
+    try:
+        return router_python(router)
+    except RouterInstallError as exc:
+        if exc.offline:
+            pytest.skip(str(exc))
+        pytest.fail(str(exc))
+
+
+def requests_by_route(url: str) -> dict[tuple[str, str], float]:
+    """A replica's `radixkv_http_requests_total` as {(route, status): count}."""
+    text = httpx.get(url + "/metrics", headers=AUTH, timeout=10).text
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "radixkv_http_requests":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                out[s.labels["route"], s.labels["status"]] = s.value
+    return out

@@ -1,0 +1,174 @@
+"""Faults in a real cluster: two `radixkv serve` replicas publishing KV events (page 16, bound on
+loopback, with replay sockets) behind a real smg (cache_aware), driven by the official `openai`
+client with concurrent requests.
+
+- Events dropped: a subscriber whose stream socket is closed while the replica publishes sees a
+  gap in `seq` and fills it from the replay socket; its block table ends equal to that of a
+  subscriber that never missed a batch.
+- The router restarted mid-run (SIGKILL, same port): every request is answered (the client
+  retries the connections the dead router dropped), and the new router finds both replicas.
+- A replica SIGKILLed while it runs requests: no request is lost (smg retries on the other
+  replica; the client does not retry), the replica restarts on its ports and rejoins (smg
+  routes to it again), and its new life announces AllBlocksCleared at seq 0, then exactly the
+  blocks of the prompts it served since.
+
+Tests run in file order on one cluster; each leaves both replicas serving.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from cluster_harness import AUTH, KEY, MODEL, SERVE_ARGS, requests_by_route, router_python_or_skip
+from kv_subscriber import Subscriber
+
+from radixkv.cluster.launch import ClusterSpec, RunningCluster, start_cluster
+
+BS = 16
+Prefix = tuple[str | None, tuple[int, ...]]
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    spec = ClusterSpec(
+        replicas=2,
+        model=str(model_dir),
+        serve_args=(*SERVE_ARGS, "--page-size", str(BS)),
+        kv_events=True,
+        router_python=str(router_python_or_skip("smg")),
+        api_key=KEY,
+        log_dir=str(tmp_path_factory.mktemp("faults")),
+    )
+    with start_cluster(spec) as running:
+        yield running
+
+
+def _prompt(tag: str) -> str:
+    return f"Session {tag} notes. " + " ".join(f"item {tag}.{k} is open" for k in range(25))
+
+
+def _render(url: str, prompt: str) -> list[int]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+    r = httpx.post(url + "/v1/completions/render", json=body, headers=AUTH, timeout=30)
+    return list(r.json()[0]["token_ids"])
+
+
+def _blocks_of(ids: list[int]) -> set[Prefix]:
+    return {(None, tuple(ids[:e])) for e in range(BS, len(ids) + 1, BS)}
+
+
+def _ask_all(client: openai.OpenAI, prompts: list[str], during: Callable[[], None]) -> list[Any]:
+    """Send every prompt at once (8 in flight), run `during` meanwhile; every answer in full."""
+    with ThreadPoolExecutor(8) as pool:
+        futures = [
+            pool.submit(
+                client.completions.create,
+                model=MODEL,
+                prompt=p,
+                max_tokens=24,
+                temperature=0.0,
+                extra_body={"ignore_eos": True},
+            )
+            for p in prompts
+        ]
+        during()
+        answers = [f.result() for f in futures]
+    for r in answers:
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 24
+    return answers
+
+
+def _subscriber(cluster: RunningCluster, i: int) -> Subscriber:
+    return Subscriber(cluster.kv_event_endpoints[i], cluster.kv_replay_endpoints[i])
+
+
+def test_dropped_events_are_replayed(cluster: RunningCluster) -> None:
+    steady, lossy = _subscriber(cluster, 0), _subscriber(cluster, 0)
+    direct = openai.OpenAI(base_url=cluster.worker_urls[0] + "/v1", api_key=KEY, max_retries=0)
+    try:
+        steady.drain(until_seq=0)
+        lossy.drain(until_seq=0)
+        _ask_all(direct, [_prompt(f"d{k}") for k in range(2)], lambda: None)
+        steady.drain()
+        lossy.drain()
+        lossy.hang_up()  # everything published from here on is lost to it
+        _ask_all(direct, [_prompt(f"d{k}") for k in range(2, 6)], lambda: None)
+        steady.drain()
+        missed = steady.next_seq - lossy.next_seq
+        assert missed >= 2
+        lossy.reopen()
+        _ask_all(direct, [_prompt("d6")], lambda: None)  # its first batch after the gap
+        steady.drain()
+        lossy.drain(until_seq=steady.next_seq - 1)
+        assert lossy.replayed >= missed
+        assert lossy.prefixes() == steady.prefixes() and len(lossy.blocks) > 20
+    finally:
+        steady.close()
+        lossy.close()
+
+
+def test_router_restarted_mid_run(cluster: RunningCluster) -> None:
+    assert cluster.router_url is not None
+    # The client retries what the dead router dropped (connection errors), as users' clients do.
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=8)
+    first_pid = cluster.router.pid if cluster.router else None
+
+    def restart() -> None:
+        time.sleep(1.0)  # some requests are in flight through it
+        cluster.restart_router()
+
+    _ask_all(client, [_prompt(f"r{k}") for k in range(16)], restart)
+    assert cluster.router is not None and cluster.router.pid != first_pid
+    listed = {w["url"]: w["is_healthy"] for w in cluster.router_workers()}
+    assert listed == dict.fromkeys(cluster.worker_urls, True)
+
+
+def _busy(url: str) -> bool:
+    (load,) = httpx.get(url + "/v1/loads", headers=AUTH, timeout=5).json()["loads"]
+    return int(load["num_running_reqs"]) > 0
+
+
+def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluster) -> None:
+    assert cluster.router_url is not None
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
+    victim = 1
+    killed = threading.Event()
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 60
+        while not _busy(cluster.worker_urls[victim]):
+            assert time.monotonic() < deadline, "replica 1 never got a request"
+            time.sleep(0.05)
+        cluster.kill_worker(victim)  # with a request running on it
+        killed.set()
+
+    _ask_all(client, [_prompt(f"k{k}") for k in range(16)], kill_when_busy)
+    assert killed.is_set()
+
+    cluster.restart_worker(victim)  # returns once smg counts it healthy again
+    sub = _subscriber(cluster, victim)  # the new life's stream (replayed from seq 0)
+    try:
+        sub.drain(until_seq=0)
+        assert sub.batches[0][1][1] == [{"type": "AllBlocksCleared"}]
+        # New prompts (no prefix anywhere), 8 at a time: smg balances them onto both replicas.
+        prompts = [_prompt(f"n{k}") for k in range(16)]
+        _ask_all(client, prompts, lambda: None)
+        served = requests_by_route(cluster.worker_urls[victim]).get(("/v1/completions", "200"))
+        assert served, "the restarted replica got no request back"
+        sub.drain()
+        table = sub.prefixes()
+        ids = [_render(cluster.worker_urls[0], p) for p in prompts]
+        announced = [i for i in ids if _blocks_of(i) <= table]
+        # Exactly the prompts it served since its restart (its cache is new; nothing evicted).
+        assert len(announced) == served, (len(announced), served)
+        assert all(any(i[: len(t)] == list(t[: len(i)]) for i in ids) for _, t in table)
+    finally:
+        sub.close()

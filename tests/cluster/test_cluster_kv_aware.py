@@ -1,0 +1,104 @@
+"""Two `radixkv serve` replicas publishing KV events behind a real vllm-router (pinned in
+`radixkv.cluster.routers`) with `--policy kv_aware`: the router indexes each replica's exact
+blocks from our ZMQ events (and its replay socket) and asks a replica's `/v1/completions/render`
+for a prompt's token ids, so a prompt whose prefix one replica cached goes to that replica.
+
+Each replica is warmed directly (not through the router) with its own tenant's prefix, so only
+the events can tell the router where each prefix lives; then requests sharing one of the two
+prefixes go through the router, one at a time (equal load: only the cache decides), and each
+must be a cache hit on the replica that holds its prefix. Round robin or random would send about
+half of them to the wrong replica (a miss); so would a router that did not decode the events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from cluster_harness import MODEL, SERVE_ARGS, requests_by_route, router_python_or_skip
+from kv_subscriber import Subscriber
+
+from radixkv.cluster.launch import ClusterSpec, RunningCluster, start_cluster
+
+BS = 16
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    spec = ClusterSpec(
+        replicas=2,
+        model=str(model_dir),
+        serve_args=(*SERVE_ARGS, "--page-size", str(BS)),
+        policy="kv_aware",
+        router="vllm-router",
+        kv_events=True,
+        router_python=str(router_python_or_skip("vllm-router")),
+        log_dir=str(tmp_path_factory.mktemp("kv-aware")),
+    )
+    with start_cluster(spec) as running:
+        yield running
+
+
+def _prefix(tenant: str) -> str:
+    return f"Tenant {tenant} handbook. " + " ".join(f"clause {tenant}{k} holds" for k in range(30))
+
+
+def _completions(url: str) -> float:
+    return requests_by_route(url).get(("/v1/completions", "200"), 0.0)
+
+
+@pytest.mark.slow
+def test_kv_aware_routes_a_prefix_to_the_replica_that_cached_it(cluster: RunningCluster) -> None:
+    assert cluster.router_url is not None
+    subs = [
+        Subscriber(pub, rep)
+        for pub, rep in zip(cluster.kv_event_endpoints, cluster.kv_replay_endpoints, strict=True)
+    ]
+    try:
+        prefixes = [_prefix("A"), _prefix("B")]
+        for i, (url, prefix) in enumerate(zip(cluster.worker_urls, prefixes, strict=True)):
+            direct = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            r = direct.completions.create(
+                model=MODEL, prompt=prefix + " Warm-up.", max_tokens=2, temperature=0.0
+            )
+            assert r.usage is not None and r.usage.prompt_tokens > 8 * BS
+            subs[i].drain()  # published: the router's SUB receives the same batches
+            assert len(subs[i].blocks) >= 8, subs[i].blocks
+        time.sleep(1.0)  # margin for the router's indexer thread to apply them
+        before = [_completions(u) for u in cluster.worker_urls]
+
+        client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="none", max_retries=0)
+        hits: list[tuple[int, int, int]] = []
+        # Not alternating: round robin would put half of these on the wrong replica.
+        for k, tenant in enumerate((0, 0, 1, 1, 0, 1, 1, 0)):
+            prompt = prefixes[tenant] + f" Question {k}: which clause applies?"
+            r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+            assert r.usage is not None and r.usage.prompt_tokens_details is not None
+            cached = r.usage.prompt_tokens_details.cached_tokens or 0
+            hits.append((tenant, cached, r.usage.prompt_tokens))
+        after = [_completions(u) for u in cluster.worker_urls]
+        print(f"(tenant, cached, prompt) per routed request: {hits}; served {before} -> {after}")
+        # Every routed request reused its tenant's warmed prefix (all but its last partial
+        # block and the question): it ran on the replica that held it.
+        for _, cached, prompt_tokens in hits:
+            assert cached >= prompt_tokens - 3 * BS, hits
+        assert [a - b for a, b in zip(after, before, strict=True)] == [4, 4]
+        # The router learnt the token ids from our /render route.
+        renders = sum(
+            requests_by_route(u).get(("/v1/completions/render", "200"), 0.0)
+            for u in cluster.worker_urls
+        )
+        assert renders >= 8
+    finally:
+        for s in subs:
+            s.close()
+
+
+def test_vllm_router_lists_both_replicas(cluster: RunningCluster) -> None:
+    listed = {w["url"]: w["is_healthy"] for w in cluster.router_workers()}
+    assert listed == dict.fromkeys(cluster.worker_urls, True)
+    assert httpx.get(cluster.router_url + "/health", timeout=10).status_code == 200  # type: ignore[operator]
