@@ -157,6 +157,7 @@ def run_config(
     t0 = time.perf_counter()
     with start_cluster(spec) as cluster:
         started = time.perf_counter() - t0
+        assert cluster.router_url is not None  # every configuration has a router
         run = _drive(args, cluster.router_url, list(cluster.worker_urls), workload, name)
     return {"router": router, "policy": policy, "shared_l3": l3, "start_s": started, "run": run}
 
