@@ -61,6 +61,9 @@ class ComponentMemory:
         )
         self.interval = -(-interval // page_size) * page_size
         self.full_alloc: PageAllocator | None = None  # set by KVManager (FULL slots it frees)
+        # The host/storage tiers (set by KVManager; NoTiers or a HybridTierManager): told what
+        # the tree adopts (`on_components_insert`) and which FULL slots it frees (`on_evict`).
+        self.tiers: Any = None
         self._swa_prefix: dict[int, SlotArray | None] = {}  # id(req) -> matched SWA, until bind
 
     @staticmethod
@@ -79,6 +82,8 @@ class ComponentMemory:
         for SWA or STATE room may remove whole leaves, FULL slots included)."""
         if len(freed.full):
             assert self.full_alloc is not None
+            if self.tiers is not None:
+                self.tiers.on_evict(freed.full)  # write_back demotes before the slots are freed
             self.full_alloc.free_slots_of_pages(freed.full)
         if len(freed.swa):
             assert self.swa_alloc is not None
@@ -121,11 +126,11 @@ class ComponentMemory:
         self._free(self.cache.evict(checkpoints=everything))
 
     # -- admission ----------------------------------------------------------------------------
-    def match(self, req: Request, query: Any) -> HybridMatch:
+    def match(self, req: Request, query: Any, record: bool = True) -> HybridMatch:
         """The tree's match for `req` (cache on): where it resumes, and the SWA window and
-        checkpoint target it needs at `bind`."""
+        checkpoint target it needs at `bind` (`record=False`: no hit statistics)."""
         assert self.cache is not None
-        m = self.cache.match(query, req.namespace)
+        m = self.cache.match(query, req.namespace, record=record)
         req.resume_ckpt = m.checkpoint
         req.ckpt_target = 0
         if self.spec.has_state and m.shared_length > m.length:
@@ -273,15 +278,20 @@ class ComponentMemory:
         """Hand tokens[:aligned] of every component to the tree (FULL `slots`, the SWA row,
         due checkpoints); free what it refused. Returns (already cached, handle)."""
         assert self.cache is not None
+        swa_row = self.swa_row(req, aligned)
+        ckpts = self.checkpoints_for(req, aligned, finishing)
         out = self.cache.insert(
             req.tokens[:aligned],
             slots,
-            self.swa_row(req, aligned),
-            self.checkpoints_for(req, aligned, finishing),
+            swa_row,
+            ckpts,
             req.namespace,
             req.options.priority,
             req.prefix_len,
         )
+        if self.tiers is not None:
+            taken = [c for c in ckpts if c[1] not in out.checkpoints_rejected]
+            self.tiers.on_components_insert(req, swa_row, out.cached, aligned, taken)
         if len(out.swa_free):
             assert self.swa_alloc is not None
             self.swa_alloc.free_slots_of_pages(out.swa_free)

@@ -103,10 +103,13 @@ class Engine:
                 setup.make_hybrid_cache(cfg.cache, ComponentMemory.components_of(spec)),
                 cfg.cache.state_checkpoint_interval,
             )
-        if spec is not None and cfg.tiers_enabled:
-            raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
         tiers = tier_setup.make_tiers(
-            cfg.cache, self.pool, self.lm, cfg.scheduler.chunked_prefill_size
+            cfg.cache,
+            self.pool,
+            self.lm,
+            cfg.scheduler.chunked_prefill_size,
+            self.pools,  # a hybrid model's tiers keep every component (engine/hybrid_tiers.py)
+            spec.swa_window if spec is not None else None,
         )
         self.kv = KVManager(self.allocator, self.table, plain, comp, tiers)
         self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None

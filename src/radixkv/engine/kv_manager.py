@@ -26,6 +26,7 @@ import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
+from radixkv.engine.hybrid_load import load_components
 from radixkv.engine.kv_events import NULL_SINK, EventSink
 from radixkv.engine.prefetch import PrefetchHold
 from radixkv.engine.request import Request
@@ -56,6 +57,8 @@ class KVManager:
         if comp is not None:
             comp.full_alloc = allocator
         self.tiers: Tiers = tiers if tiers is not None else NoTiers()
+        if comp is not None:
+            comp.tiers = self.tiers
         self.held = PrefetchHold()
         # KV events (engine/kv_events.py); hooks: every `self.events.` call below.
         self.events: EventSink = NULL_SINK
@@ -112,10 +115,12 @@ class KVManager:
         """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
         this allocates device pages, the tiers copy them down, this inserts them into the tree
         and moves req's lock onto the longer prefix. Returns the new (length, slots)."""
+        if self.comp is not None:  # every component votes on what L2 holds
+            return load_components(self, req, length, slots)
         plan = self.tiers.plan_load(req, length)
         if plan is None:
             return length, slots
-        assert self.plain is not None  # the tiers serve FULL-only caches
+        assert self.plain is not None
         dev_pages = None
         try:
             dev_pages = self.alloc(len(plan.host_pages))
