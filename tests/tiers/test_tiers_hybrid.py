@@ -185,3 +185,20 @@ def test_tier_boundaries() -> None:
     assert tier_boundaries(0, 40, 4, 16) == [4, 8, 16, 32, 40]
     assert tier_boundaries(32, 40, 4, 16, extra=(36, 44)) == [36, 40]
     assert tier_boundaries(40, 40, 4, 16) == []
+
+
+def test_restart_through_redis(redis_server: Any) -> None:
+    """The Redis backend (MGET batches: each component key read alone after a miss)."""
+    kinds = "full+swa+state"
+    base, diverging = _prompts(4)
+    tiers = {
+        "hicache_storage_backend": "redis",
+        "hicache_storage_url": redis_server.url,
+        "hicache_storage_prefetch_policy": "wait_complete",
+    }
+    a = _engine(kinds, None, **tiers)
+    assert _run(a, kinds, base) == 0 and a.close()
+    b = _engine(kinds, None, **tiers)
+    assert _run(b, kinds, base) >= 0.9 * len(base)
+    assert _run(b, kinds, diverging) >= 100
+    b.close()
