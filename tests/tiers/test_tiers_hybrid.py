@@ -130,10 +130,11 @@ def test_missing_checkpoints_fall_back_to_shallower_boundaries(tmp_path: Path) -
     b.close()
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
 @pytest.mark.parametrize("kinds", list(KINDS))
-def test_l1_evicted_prefix_comes_back_from_host(kinds: str) -> None:
+def test_l1_evicted_prefix_comes_back_from_host(kinds: str, policy: str) -> None:
     base, diverging = _prompts(3)
-    e = _engine(kinds, None, num_slots=384, swa_num_slots=384)
+    e = _engine(kinds, None, num_slots=384, swa_num_slots=384, hicache_write_policy=policy)
     assert _run(e, kinds, base) == 0
     rng = random.Random(9)
     for _ in range(2):  # other traffic evicts the prompt from the device pool (not from L2)

@@ -30,16 +30,46 @@ def load_components(
     tiers, comp = kv.tiers, kv.comp
     if not isinstance(tiers, HybridTierManager) or comp is None or comp.cache is None:
         return length, slots
-    plan = tiers.plan_load(req, length)
+    query = req.tokens[: len(req.tokens) - 1]
+    # The tree may hold FULL K/V past the voted match (a window or a checkpoint is missing
+    # there); the tiers need supply only the missing components for that part. `guard` keeps
+    # it from being evicted by the allocations below.
+    shared, tree_full, guard = comp.cache.peek_full(query, req.namespace)
+    guard = guard if shared > length else None
+    comp.cache.lock(guard)
+    try:
+        l1_full = shared if guard is not None else length
+        return _load(kv, tiers, req, length, slots, l1_full, tree_full)
+    finally:
+        comp.cache.unlock(guard)
+
+
+def _load(
+    kv: KVManager,
+    tiers: HybridTierManager,
+    req: Request,
+    length: int,
+    slots: np.ndarray,
+    l1_full: int,
+    tree_full: np.ndarray,
+) -> tuple[int, np.ndarray]:
+    """`load_components` once the tree's FULL K/V up to `l1_full` tokens (`tree_full`) is
+    protected from eviction."""
+    comp = kv.comp
+    assert comp is not None and comp.cache is not None
+    plan = tiers.plan_load(req, length, l1_full)
     if plan is None:
         return length, slots
     got = _alloc(kv, plan)
-    tiers.load_components(plan, *got) if got is not None else tiers.load_components(plan, None)
     if got is None:
+        tiers.load_components(plan, None)  # ends the plan's reservation, copies nothing
         return length, slots
     full_pages, swa_pages, state_slot = got
+    tiers.load_components(plan, full_pages, swa_pages, state_slot)
     ps, b = kv.page_size, plan.boundary
-    full = np.concatenate([slots[:length], kv.allocator.page_slots(full_pages)])
+    own = kv.allocator.page_slots(full_pages)
+    tree = slots[:length] if plan.full_from == length else tree_full[: plan.full_from]
+    full = np.concatenate([np.asarray(tree, dtype=np.int64), own])
     swa_row = None
     if comp.swa_alloc is not None:
         swa_row = np.full(b, -1, dtype=np.int64)
@@ -49,8 +79,8 @@ def load_components(
     out = comp.cache.insert(
         req.tokens[:b], full, swa_row, ckpts, req.namespace, req.options.priority, length
     )
-    # FULL pages of [length, cached) duplicate what the tree had; it adopted [cached, b).
-    dup = (out.cached - length) // ps
+    # FULL pages of [full_from, cached) duplicate what the tree had; it adopted [cached, b).
+    dup = max(0, out.cached - plan.full_from) // ps
     if dup:
         kv.allocator.free_page_ids(full_pages[:dup])
     if len(out.swa_free):

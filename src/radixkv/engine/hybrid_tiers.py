@@ -41,11 +41,13 @@ SWA, STATE = "swa", "state"
 @dataclass
 class HybridLoadPlan(LoadPlan):
     """Host values that extend one choice's L1 match of `start` tokens to `boundary` tokens:
-    FULL pages (`host_pages`) for [start, boundary), SWA pages (token-page index, host page)
-    of the window before `boundary` not in the tree, the checkpoint entry at `boundary` (-1: no
-    STATE). All pinned until `load_components`."""
+    FULL pages (`host_pages`) for [full_from, boundary) (the tree has FULL K/V before
+    `full_from`), SWA pages (token-page index, host page) of the window before `boundary` past
+    `start`, the checkpoint entry at `boundary` (-1: no STATE). All pinned until
+    `load_components`."""
 
     start: int = 0
+    full_from: int = 0
     boundary: int = 0
     swa: list[tuple[int, int]] = field(default_factory=list)
     state: int = -1
@@ -187,18 +189,20 @@ class HybridTierManager(TierManager):
         index = self.indexes.get(comp)
         return None if index is None else index.lookup(h, touch=False)
 
-    def plan_load(self, req: Request, length: int) -> HybridLoadPlan | None:
-        """The deepest boundary past the L1 match of `length` tokens that L2 holds every
-        component of (the components' vote, `radixkv.cache.tier_vote`), with its values
-        pinned; None when L2 cannot extend the match."""
+    def plan_load(self, req: Request, length: int, l1_full: int = 0) -> HybridLoadPlan | None:
+        """The deepest boundary past the L1 match of `length` tokens for which L1 and L2 hold
+        every component (the components' vote, `radixkv.cache.tier_vote`; the tree holds FULL
+        K/V up to `l1_full` tokens, before its votes), with its L2 values pinned; None when L2
+        cannot extend the match."""
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
         start = length // ps
         if start >= n_pages:
             return None
         hs = self.hashes(req, n_pages * ps)
+        in_l1 = min(n_pages, max(start, l1_full // ps))  # FULL pages [start, in_l1) are in L1
         run: list[int] = []
-        for h in hs[start:]:
+        for h in hs[in_l1:]:
             hp = self.index.lookup(h, touch=False)
             if hp is None:
                 break
@@ -208,16 +212,23 @@ class HybridTierManager(TierManager):
             state_held = lambda b: self._held(STATE, hs[b - 1]) is not None  # noqa: E731
         b = deepest_boundary(
             start,
-            len(run),
+            in_l1 - start + len(run),
             self.window_pages,
             lambda p: self._held(SWA, hs[p]) is not None,
             state_held,
         )
         if b <= start:
             return None
-        for h in hs[start:b]:
+        full_from = min(in_l1, b)
+        for h in hs[full_from:b]:
             self.index.lookup(h)  # recency: these pages are used now
-        plan = HybridLoadPlan(_key(req), run[: b - start], start=start * ps, boundary=b * ps)
+        plan = HybridLoadPlan(
+            _key(req),
+            run[: b - full_from],
+            start=start * ps,
+            full_from=full_from * ps,
+            boundary=b * ps,
+        )
         if self.window_pages is not None:
             plan.swa = [
                 (p, self._take(SWA, hs[p]))
