@@ -210,9 +210,9 @@ class StorageWorker:
 
     # -- worker threads ------------------------------------------------------------------------
     def meta_for(self, key: str) -> PageMeta:
-        """The header a value under `key` must carry (KeyError: a suffix nobody writes)."""
+        """The header a value under `key` must carry: by its registered suffix, else `meta`."""
         _, sep, suffix = key.rpartition("-")
-        return self.metas[suffix] if sep else self.meta
+        return self.metas.get(suffix, self.meta) if sep else self.meta
 
     def _run(self, q: queue.Queue[Any]) -> None:
         while True:
@@ -320,7 +320,7 @@ class StorageWorker:
         """The page's payload, or None after deleting a value that fails verification."""
         try:
             return decode_page(key, self.meta_for(key), value)
-        except (CorruptPage, KeyError) as exc:
+        except CorruptPage as exc:
             self._count("corrupt")
             log.warning("L3 page %s failed verification (%s): deleted, recomputing", key, exc)
             try:
