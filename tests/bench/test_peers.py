@@ -146,6 +146,9 @@ def test_reports_carry_no_machine_paths() -> None:
     home = str(Path.home())
     text = f"/opt/venv/bin/python -m x --tokenizer {home}/.cache/m"
     assert scrub(text, "/opt/venv/bin/python") == "$VLLM_PYTHON -m x --tokenizer ~/.cache/m"
+    text = "/tmp/out/r1/vllm.json /srv/ckpt/tiny /srv/ckpt/tiny-2 /opt/sgl/bin/python"
+    got = scrub(text, "/opt/venv/bin/python", "/opt/sgl/bin/python", "/tmp/out", "/srv/ckpt/tiny")
+    assert got == "$OUT/r1/vllm.json $MODEL_DIR $MODEL_DIR-2 $SGLANG_PYTHON"
 
 
 FAKE_SGLANG = textwrap.dedent(
@@ -196,3 +199,25 @@ def test_peers_table_names_each_workloads_peer_client() -> None:
     assert "| gsp | sglang | bfloat16 | duration (s) | 8.0 | 10.0 | 0.80x |" in md
     assert "| gsp | sglang | bfloat16 | p99 TTFT (ms) | 2.0 | 2.0 | 1.00x |" in md
     assert "| gsp | vllm |" not in md
+
+
+def test_peers_table_puts_each_of_our_engines_against_vllm() -> None:
+    """Invariance on and off side by side, each as a ratio to vLLM, whichever engine ran
+    first (the rounds rotate the order); the off server is started without our kernels."""
+    from radixkv.bench.peers import OURS
+
+    def run(engine: str, dur: float) -> dict[str, object]:
+        v = {"duration": dur, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0, "output_throughput": 1.0}
+        return {
+            "engine": engine,
+            "dtype": "bfloat16",
+            "server": {"command": f"start {engine}"},
+            "random": {"vllm_client": v, "radixkv_client": _our(dur, 0.1, 0.01)},
+        }
+
+    runs = [run("vllm", 10), run("radixkv", 7), run("radixkv-off", 8)]
+    md = peers_table({"workloads": dict.fromkeys(WORKLOADS), "runs": runs})
+    head = "| workload | client | dtype | metric | vllm | radixkv | radixkv-off "
+    assert head + "| radixkv / vllm | radixkv-off / vllm |" in md
+    assert "| random | vllm | bfloat16 | duration (s) | 10.0 | 7.0 | 8.0 | 0.70x | 0.80x |" in md
+    assert OURS["radixkv-off"] == {"RADIXKV_CPU_KERNELS": "0"} and OURS["radixkv"] == {}

@@ -49,7 +49,7 @@ class ToyTokenizer:
     eos_token_ids = (EOS,)
     vocab_size = VOCAB
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [ALPHABET.index(c) for c in text.lower() if c in ALPHABET]
 
     def decode(self, ids: list[int]) -> str:

@@ -62,6 +62,9 @@ class Subscriber:
     batches: list[tuple[int, list[Any]]] = field(default_factory=list)  # (seq, raw payload)
     replayed: int = 0
     clears: int = 0
+    # The lower tiers' live blocks by medium ("CPU", "DISK"); `blocks` is the device pool's.
+    tiers: dict[str, dict[int, Block]] = field(default_factory=dict)
+    known: dict[int, Block] = field(default_factory=dict)  # every block ever stored, any medium
 
     def __post_init__(self) -> None:
         self.ctx = zmq.Context()
@@ -149,27 +152,51 @@ class Subscriber:
             if ev["type"] == "BlockStored":
                 self._stored(ev)
             elif ev["type"] == "BlockRemoved":
+                table = self._table(ev["medium"])
                 for h in ev["block_hashes"]:
-                    assert h in self.blocks, f"removed unknown block {h}"
-                    del self.blocks[h]
+                    assert h in table, f"removed unknown block {h} ({ev['medium']})"
+                    del table[h]
             else:
                 assert ev["type"] == "AllBlocksCleared", ev
                 self.blocks.clear()
+                self.tiers.clear()
                 self.clears += 1
+
+    def _table(self, medium: str) -> dict[int, Block]:
+        if medium == "GPU":
+            return self.blocks
+        assert medium in ("CPU", "DISK"), medium
+        return self.tiers.setdefault(medium, {})
 
     def _stored(self, ev: dict[str, Any]) -> None:
         bs, hashes, toks = ev["block_size"], ev["block_hashes"], ev["token_ids"]
-        assert len(toks) == bs * len(hashes) and ev["medium"] == "GPU", ev
+        assert len(toks) == bs * len(hashes), ev
+        table = self._table(ev["medium"])
         parent = ev["parent_block_hash"]
-        assert parent is None or parent in self.blocks, "stored block of an unknown parent"
+        # The device pool holds whole prefixes, so a block's parent is live there; a lower
+        # tier may hold a page without its parent (announced earlier, in some medium).
+        parents = self.blocks if table is self.blocks else self.known
+        assert parent is None or parent in parents, "stored block of an unknown parent"
         salt = ev.get("cache_salt")
         if parent is not None:
-            assert self.blocks[parent].salt == salt, "a salt's chain continues another salt's"
+            assert parents[parent].salt == salt, "a salt's chain continues another salt's"
         for i, h in enumerate(hashes):
             assert isinstance(h, int) and 0 <= h < 2**64  # vllm-router refuses signed ids
-            assert h not in self.blocks, f"block {h} stored twice"
-            self.blocks[h] = Block(parent, toks[i * bs : (i + 1) * bs], salt)
+            assert h not in table, f"block {h} stored twice ({ev['medium']})"
+            table[h] = self.known[h] = Block(parent, toks[i * bs : (i + 1) * bs], salt)
             parent = h
+
+    def tier_prefixes(self, medium: str) -> dict[int, tuple[str | None, tuple[int, ...]]]:
+        """A lower tier's live blocks: id -> (salt, all tokens from the sequence's start)."""
+        out = {}
+        for h, b in self.tiers.get(medium, {}).items():
+            toks: list[int] = []
+            cur: int | None = h
+            while cur is not None:
+                toks[:0] = self.known[cur].tokens
+                cur = self.known[cur].parent
+            out[h] = (b.salt, tuple(toks))
+        return out
 
     def prefixes(self) -> set[tuple[str | None, tuple[int, ...]]]:
         """Every live block as (salt, all tokens from the sequence's start to its end)."""

@@ -29,7 +29,7 @@ class FakeTokenizer:
     vocab_size = 260
     eos_token_ids = (EOS,)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [min(ord(c), 255) + 4 for c in text]
 
     def decode(self, ids: list[int]) -> str:

@@ -130,3 +130,17 @@ def test_long_conversation_keeps_swa_kv_only_for_the_window(url: str) -> None:
     )
     assert pools["swa"]["cached"] <= SWA_SLOTS < pools["full"]["cached"]
     assert kept < 0.5 * full_kv
+
+
+def test_text_completion_starts_with_bos(url: str) -> None:
+    """As in vLLM and transformers, a text prompt to /v1/completions gets Gemma's <bos> (without
+    it Gemma's answers are garbage); `add_special_tokens: false` and token-id prompts are taken
+    as they are."""
+    body = {"model": MODEL, "prompt": "The capital of France is"}
+    render = url + "/v1/completions/render"
+    ids = httpx.post(render, json=body, timeout=60).json()[0]["token_ids"]
+    off = {**body, "add_special_tokens": False}
+    raw = httpx.post(render, json=off, timeout=60).json()[0]["token_ids"]
+    assert ids[0] == 2 and ids[1:] == raw and raw[0] != 2
+    r = _client(url).completions.create(model=MODEL, prompt=body["prompt"], max_tokens=2)
+    assert r.usage is not None and r.usage.prompt_tokens == len(ids)

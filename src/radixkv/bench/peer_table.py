@@ -65,9 +65,11 @@ def peers_table(result: dict[str, Any]) -> str:
         by.setdefault((r["engine"], r["dtype"]), []).append(r)
     dtypes = list(dict.fromkeys(r["dtype"] for r in runs))
     workloads = [k for k in result["workloads"] if any(k in r for r in runs)]
-    ratio = len(engines) == 2 and "radixkv" in engines
+    # One ratio column per engine of ours against vLLM (or the one other engine).
+    base = "vllm" if "vllm" in engines else (engines[1] if len(engines) == 2 else None)
+    ours = [e for e in engines if e.startswith("radixkv") and e != base] if base else []
     head = ["workload", "client", "dtype", "metric", *engines]
-    head += ["radixkv / vllm"] if ratio else []
+    head += [f"{e} / {base}" for e in ours]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for wl in workloads:
         clients = list(result["workloads"][wl] or ("vllm_client", "radixkv_client"))
@@ -82,8 +84,9 @@ def peers_table(result: dict[str, Any]) -> str:
                     pct = m == "token hit rate"
                     row = [wl, client.replace("_client", ""), dt, m]
                     row += [_fmt(vals[e].get(m), pct) if e in vals else "-" for e in engines]
-                    if ratio:
-                        a, b = (vals.get(e, {}).get(m) for e in engines)
+                    b = vals.get(base, {}).get(m) if base else None
+                    for e in ours:
+                        a = vals.get(e, {}).get(m)
                         r = a / b if a and b and not pct else None
                         row.append("-" if r is None else f"{r:.2f}x")
                     lines.append("| " + " | ".join(row) + " |")

@@ -134,10 +134,15 @@ def run_our_client(url: str, model: str, tokenizer: str, workload: str) -> dict[
     return res
 
 
+# Our engine as measured: invariant kernels (the default), and without them (oneDNN GEMMs and
+# torch's SDPA, whose per-row results depend on the batch) for the cost of invariance.
+OURS: dict[str, dict[str, str]] = {"radixkv": {}, "radixkv-off": {"RADIXKV_CPU_KERNELS": "0"}}
+
+
 def _server(engine: str, args: argparse.Namespace, dtype: str, log: Path) -> Any:
-    if engine == "radixkv":
+    if engine in OURS:
         flags = ["--dtype", dtype, *shlex.split(args.radixkv_args)]
-        return LocalServer(args.model_dir, flags, log, args.startup_timeout)
+        return LocalServer(args.model_dir, flags, log, args.startup_timeout, OURS[engine])
     cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server"]
     cmd += ["--model", args.model_dir, "--served-model-name", "peer", "--dtype", dtype]
     cmd += ["--max-model-len", "4096", "--enable-prompt-tokens-details"]
@@ -213,12 +218,24 @@ def table(result: dict[str, Any]) -> str:
     return peers_table(result)
 
 
-def scrub(text: str, vllm_python: str, sglang_python: str | None = None) -> str:
+def scrub(
+    text: str,
+    vllm_python: str,
+    sglang_python: str | None = None,
+    out_dir: str | None = None,
+    model_dir: str | None = None,
+) -> str:
     """Reports carry no machine paths: the peers' interpreters become $VLLM_PYTHON and
-    $SGLANG_PYTHON, home becomes ~."""
-    if sglang_python:
-        text = text.replace(sglang_python, "$SGLANG_PYTHON")
-    return home_relative(text.replace(vllm_python, "$VLLM_PYTHON"))
+    $SGLANG_PYTHON, the output folder $OUT, a checkpoint given by path $MODEL_DIR (the
+    embedded model's lies under home, which becomes ~)."""
+    named = [(sglang_python, "$SGLANG_PYTHON"), (vllm_python, "$VLLM_PYTHON"), (out_dir, "$OUT")]
+    if model_dir and not model_dir.startswith(str(Path.home())):
+        named.append((model_dir, "$MODEL_DIR"))
+    # Longest first, so a path inside another is replaced by its own name.
+    for path, name in sorted(named, key=lambda pn: -len(pn[0] or "")):
+        if path:
+            text = text.replace(path, name)
+    return home_relative(text)
 
 
 def _cmd_peers(args: argparse.Namespace) -> int:
@@ -228,8 +245,9 @@ def _cmd_peers(args: argparse.Namespace) -> int:
     result = run_peers(args)
     out = Path(args.out)
     text = json.dumps(result, indent=1)
-    (out / "peers.json").write_text(scrub(text, args.vllm_python, args.sglang_python))
-    md = scrub(table(result), args.vllm_python, args.sglang_python)
+    paths = (args.vllm_python, args.sglang_python, args.out, args.model_dir)
+    (out / "peers.json").write_text(scrub(text, *paths))
+    md = scrub(table(result), *paths)
     (out / "peers.md").write_text(md + "\n")
     print(md)
     print(f"json: {out / 'peers.json'}\ntable: {out / 'peers.md'}")
@@ -256,7 +274,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--model-dir", default=None, help="HF checkpoint dir (default: embedded model)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list")
-    p.add_argument("--engines", default="radixkv,vllm", help="comma list: radixkv, vllm")
+    p.add_argument(
+        "--engines",
+        default="radixkv,vllm",
+        help="comma list: radixkv, radixkv-off (invariant kernels off), vllm",
+    )
     p.add_argument("--workloads", default="prefix,random", help="comma list: prefix, random, gsp")
     p.add_argument("--radixkv-args", default="", help="extra flags for `radixkv serve`")
     p.add_argument("--vllm-args", default="", help="extra flags for vLLM's api_server")

@@ -163,11 +163,11 @@ class LocalServer(ServerProcess):
         flags: tuple[str, ...] | list[str] = (),
         log_path: str | Path | None = None,
         startup_timeout: float = 600.0,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         threads = ("OMP_NUM_THREADS", "RADIXKV_THREADS")  # recorded: they change the result
-        super().__init__(
-            log_path, startup_timeout, {k: os.environ[k] for k in threads if k in os.environ}
-        )
+        env = {k: os.environ[k] for k in threads if k in os.environ}
+        super().__init__(log_path, startup_timeout, {**env, **(extra_env or {})})
         self.model = model
         self.flags = list(flags)
 

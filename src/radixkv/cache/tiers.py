@@ -63,6 +63,8 @@ class HostIndex:
         self._pins: dict[int, int] = {}  # page -> pin count (> 0 only)
         self._origin: dict[int, str] = {}  # page -> "device" | "storage" (where the copy came from)
         self.dropped_pages = 0
+        # (added, hash) of every change, in order, when a list (KV events read it); else off.
+        self.journal: list[tuple[bool, bytes]] | None = None
 
     # -- queries -------------------------------------------------------------------------------
     def lookup(self, h: bytes, touch: bool = True) -> int | None:
@@ -70,6 +72,10 @@ class HostIndex:
         if page is not None and touch:
             self._by_hash.move_to_end(h)
         return page
+
+    def hashes(self) -> list[bytes]:
+        """Every page hash L2 holds, least recently used first."""
+        return list(self._by_hash)
 
     def origin(self, page: int) -> str:
         return self._origin.get(page, "device")
@@ -124,6 +130,8 @@ class HostIndex:
         self._by_hash[h] = page
         self._hash_of[page] = h
         self._origin[page] = origin
+        if self.journal is not None:
+            self.journal.append((True, h))
 
     def pin(self, page: int) -> None:
         if page not in self._hash_of:
@@ -154,6 +162,8 @@ class HostIndex:
         self._origin.pop(page, None)
         self._free.append(page)
         self.dropped_pages += 1
+        if self.journal is not None:
+            self.journal.append((False, h))
 
     def check(self) -> None:
         """Raise AssertionError unless the census balances and the maps agree."""

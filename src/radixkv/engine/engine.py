@@ -229,7 +229,7 @@ class Engine:
     def step(self) -> list[StreamDelta]:
         """One scheduler step; deltas for requests that produced tokens or finished."""
         deltas = self._step()
-        self.kv.events.end_step()  # this step's KV events, as one batch
+        self.kv.publish_events()  # this step's KV events, as one batch
         return deltas
 
     def _step(self) -> list[StreamDelta]:
@@ -398,7 +398,7 @@ class Engine:
     def flush_cache(self) -> bool:
         """Drop every unlocked cached prefix; True when the cache is now empty of them."""
         self.kv.flush(idle=not self.scheduler.running)
-        self.kv.events.end_step()
+        self.kv.publish_events()
         return self.cache is None or self.cache.evictable_size == 0
 
     def metrics(self) -> EngineMetrics:

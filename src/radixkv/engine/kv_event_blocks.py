@@ -31,6 +31,7 @@ import numpy as np
 
 from radixkv.cache.keys import token_key
 from radixkv.cache.tiers import HASH_BYTES, namespace_seed
+from radixkv.engine.tier_residency import TierOp
 
 MEDIUM_DEVICE = "GPU"  # vLLM's name for the device pool's medium, whatever the device
 Event = dict[str, Any]
@@ -97,6 +98,16 @@ class BlockLedger:
             ).digest()
             self._by_page[page] = prev
             ids.append(external_id(prev))
+        return [self._stored_event(ids, parent_id, tokens, medium, namespace)]
+
+    def _stored_event(
+        self,
+        ids: list[int],
+        parent_id: int | None,
+        tokens: np.ndarray | list[int],
+        medium: str,
+        namespace: Hashable | None,
+    ) -> Event:
         ev: Event = {
             "type": "BlockStored",
             "block_hashes": ids,
@@ -114,7 +125,7 @@ class BlockLedger:
                 [namespace] if parent_id is None and i == 0 else None for i in range(len(ids))
             ]
             ev["cache_salt"] = namespace
-        return [ev]
+        return ev
 
     def removed(self, slots: np.ndarray, medium: str = MEDIUM_DEVICE) -> list[Event]:
         """Device slots were evicted: the blocks whose last page was among them are gone."""
@@ -125,6 +136,45 @@ class BlockLedger:
         if not ids:
             return []
         return [{"type": "BlockRemoved", "block_hashes": ids, "medium": medium}]
+
+    def tier_events(self, ops: list[TierOp]) -> list[Event]:
+        """Pages entering or leaving L2 / L3 (`radixkv.engine.tier_residency`; block = page, so a
+        page hash is the block's id). Consecutive stored pages of one chain become one event."""
+        out: list[Event] = []
+        run: list[TierOp] = []
+
+        def flush() -> None:
+            if run:
+                out.append(self._tier_stored(run))
+                run.clear()
+
+        for op in ops:
+            if not op.stored:
+                flush()
+                gone = {"type": "BlockRemoved", "block_hashes": [external_id(op.h)]}
+                if out and out[-1]["type"] == "BlockRemoved" and out[-1]["medium"] == op.medium:
+                    out[-1]["block_hashes"] += gone["block_hashes"]
+                else:
+                    out.append({**gone, "medium": op.medium})
+                continue
+            prev = run[-1] if run else None
+            assert op.info is not None
+            if prev is not None and (
+                prev.medium != op.medium or op.info.parent != prev.h
+            ):  # not the next page of the same chain in the same medium
+                flush()
+            run.append(op)
+        flush()
+        return out
+
+    def _tier_stored(self, run: list[TierOp]) -> Event:
+        first = run[0].info
+        assert first is not None
+        tokens = np.concatenate([op.info.tokens for op in run if op.info is not None])
+        parent = None if first.parent is None else external_id(first.parent)
+        return self._stored_event(
+            [external_id(op.h) for op in run], parent, tokens, run[0].medium, first.namespace
+        )
 
     def cleared(self) -> list[Event]:
         self._by_page.clear()

@@ -137,6 +137,8 @@ class ZmqEventPublisher:
                 out += ledger.stored(*op[1:])
             elif kind == "R":
                 out += ledger.removed(*op[1:])
+            elif kind == "T":
+                out += ledger.tier_events(op[1])
             else:
                 out += ledger.cleared()
         return out

@@ -20,6 +20,7 @@ import numpy as np
 
 from radixkv.config.kv_events import KVEventsConfig, parse_kv_events_config
 from radixkv.engine.kv_event_blocks import MEDIUM_DEVICE, BlockLedger
+from radixkv.engine.tier_residency import TierOp
 from radixkv.engine.tokens import TokenBuffer
 
 
@@ -44,6 +45,9 @@ class EventSink(Protocol):
 
     def cleared(self) -> None:
         """The cache dropped everything (a flush on an idle engine)."""
+
+    def tier_blocks(self, ops: list[TierOp]) -> None:
+        """Pages entered or left host memory / storage (medium "CPU" / "DISK")."""
 
     def end_step(self) -> None:
         """Publish what this step changed, as one batch."""
@@ -70,6 +74,9 @@ class NullSink:
         return
 
     def cleared(self) -> None:
+        return
+
+    def tier_blocks(self, ops: list[TierOp]) -> None:
         return
 
     def end_step(self) -> None:
@@ -127,6 +134,10 @@ class BlockEventSink:
     def cleared(self) -> None:
         self._ops.append(("C",))
 
+    def tier_blocks(self, ops: list[TierOp]) -> None:
+        if ops:
+            self._ops.append(("T", ops))
+
     def end_step(self) -> None:
         if self._ops:
             ops, self._ops = self._ops, []
@@ -163,6 +174,8 @@ def sink_for_engine(cache_cfg: Any, cache: Any, tiers: Any, hybrid: Any) -> Even
     if hybrid is not None:
         raise ValueError("--kv-events-config: KV events are not supported for hybrid models yet")
     fingerprint: str = getattr(tiers, "fingerprint", "")
+    if cfg.block_tokens(cache_cfg.page_size) == cache_cfg.page_size:
+        tiers.announce_residency()  # a page is a block: L2/L3 pages are announced too
     return make_sink(cfg, cache_cfg.page_size, cache, fingerprint)
 
 

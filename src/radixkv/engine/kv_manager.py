@@ -329,6 +329,14 @@ class KVManager:
         release = getattr(self.cache, "release_session", None)
         return bool(release(session_id)) if release is not None else False
 
+    def publish_events(self) -> None:
+        """End of a step: what the lower tiers stored or dropped joins the step's KV events,
+        which go out as one batch."""
+        ops = self.tiers.residency_ops()
+        if ops:
+            self.events.tier_blocks(ops)
+        self.events.end_step()
+
     # -- whole-pool operations ----------------------------------------------------------------
     def flush(self, idle: bool) -> None:
         """Drop every unlocked cached prefix (everything, when no request holds a lock)."""

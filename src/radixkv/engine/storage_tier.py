@@ -56,6 +56,7 @@ class StorageTier:
         self._req_pins: dict[str, list[tuple[str, int]]] = {}
         self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
         self._stored: set[tuple[str, bytes]] = set()  # confirmed in L3 (skip rewriting them)
+        self.journal: list[bytes] | None = None  # FULL hashes newly known in L3 (KV events)
 
     def add_store(self, suffix: str, index: HostIndex, host: HostPages) -> None:
         """Another component's L2, stored under keys "<hash hex>-<suffix>"."""
@@ -146,7 +147,7 @@ class StorageTier:
                 sfx, hp, h = res.token
                 self.stores[sfx][0].unpin(hp)
                 if res.ok:
-                    self._stored.add((sfx, h))
+                    self._known(h, sfx)
             elif isinstance(res, FetchDone):
                 self.prefetch.observe_fetch(res.timings)
                 landed += self._land(res)
@@ -161,7 +162,7 @@ class StorageTier:
         found += [(*asked[k], p) for k, p in res.extra.items() if k in asked]
         landed = 0
         for sfx, h, payload in found:
-            self._stored.add((sfx, h))
+            self._known(h, sfx)
             index, host = self.stores[sfx]
             if index.lookup(h) is not None:
                 continue
@@ -175,6 +176,19 @@ class StorageTier:
                 index.pin(got[0])
                 self._req_pins.setdefault(rid, []).append((sfx, got[0]))
         return landed
+
+    @property
+    def known_hashes(self) -> frozenset[bytes]:
+        """The (FULL) page hashes this replica knows are in L3 (confirmed writes, verified
+        fetches)."""
+        return frozenset(h for sfx, h in self._stored if sfx == FULL)
+
+    def _known(self, h: bytes, sfx: str = FULL) -> None:
+        """`h` of component `sfx` is in L3 (a confirmed write or a verified fetch)."""
+        if (sfx, h) not in self._stored:
+            self._stored.add((sfx, h))
+            if self.journal is not None and sfx == FULL:
+                self.journal.append(h)
 
     def stats(self) -> dict[str, Any]:
         w, c = self.worker, self.worker.counters

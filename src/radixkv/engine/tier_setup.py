@@ -12,6 +12,7 @@ import torch
 from radixkv.config import CacheConfig
 from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
+from radixkv.engine.tier_residency import TierOp
 from radixkv.engine.tiers import LoadPlan, TierManager
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.hybrid import ModelPools
@@ -162,6 +163,12 @@ class NoTiers:
 
     def flush(self, device_reset: bool) -> None:
         pass
+
+    def announce_residency(self) -> None:
+        pass
+
+    def residency_ops(self) -> list[TierOp]:
+        return []
 
     def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
         return True

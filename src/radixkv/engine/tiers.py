@@ -38,6 +38,7 @@ from radixkv.config.sections import WRITE_POLICIES
 from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
 from radixkv.engine.storage_tier import StorageTier
+from radixkv.engine.tier_residency import MEDIUM_HOST, MEDIUM_STORAGE, TierOp, TierResidency
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 from radixkv.storage import PageMeta, make_backend
@@ -91,6 +92,9 @@ class TierManager:
         # Per choice (the n choices of one request share its id but not their outputs):
         self._hashes: dict[tuple[str, int], list[bytes]] = {}  # chained page hashes so far
         self._loaded: dict[tuple[str, int], list[int]] = {}  # [host, storage] tokens loaded
+        self._device_pages = kv_pool.num_slots // page_size
+        # Residency for KV events ("CPU"/"DISK" blocks); None until `announce_residency`.
+        self.residency: TierResidency | None = None
         self.storage: StorageTier | None = None
         if storage is not None:
             meta = PageMeta(
@@ -114,6 +118,36 @@ class TierManager:
         """The storage thread (None without L3, or after `close`)."""
         return self.storage.worker if self.storage is not None else None
 
+    # -- residency (KV events) -----------------------------------------------------------------
+    def announce_residency(self) -> None:
+        """Record which pages enter and leave L2 and L3 from now on (`residency_ops` drains)."""
+        if self.residency is None:
+            cap = 2 * (self._device_pages + self.index.num_pages) + MAX_PREFETCH_PAGES
+            self.residency = TierResidency(cap)
+            self.index.journal = []
+            if self.storage is not None:
+                self.storage.journal = []
+
+    def residency_ops(self) -> list[TierOp]:
+        """The L2/L3 residency changes since the last call, in order ([] when not announced)."""
+        res = self.residency
+        if res is None:
+            return []
+        journal = self.index.journal
+        if journal:
+            for added, h in journal:
+                if added:
+                    res.stored(MEDIUM_HOST, h)
+                else:
+                    res.removed(MEDIUM_HOST, h)
+            journal.clear()
+        l3 = self.storage.journal if self.storage is not None else None
+        if l3:
+            for h in l3:
+                res.stored(MEDIUM_STORAGE, h)
+            l3.clear()
+        return res.drain()
+
     # -- hashes --------------------------------------------------------------------------------
     def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
         """Chained hashes of the whole pages of req.tokens[:num_tokens] (cached, extended)."""
@@ -121,8 +155,11 @@ class TierManager:
         need = num_tokens // self.page_size
         if len(have) < need:
             seed = namespace_seed(self.fingerprint, req.namespace)
+            done = len(have)
             have = chain_hashes(req.tokens[: need * self.page_size], self.page_size, seed, have)
             self._hashes[_key(req)] = have
+            if self.residency is not None:
+                self.residency.note_chain(req.tokens, have, done, self.page_size, req.namespace)
         return have[:need]
 
     def forget(self, req: Request) -> None:
@@ -288,6 +325,8 @@ class TierManager:
         if device_reset:
             self._dev_hash.clear()
         self.index.clear()
+        if device_reset:
+            self.residency_ops()  # dropped: consumers are told AllBlocksCleared
 
     def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
         """Flush pending L3 writes (bounded by `timeout_s`) and stop the storage threads; True

@@ -9,7 +9,6 @@ chat template) and generation_config.json atomically (the shared machinery of `g
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from radixkv.model.gguf_convert import (
     dequantize,
     field,
     is_complete,
+    tensor_name,
     to_torch,
     write_checkpoint,
 )
@@ -84,12 +84,7 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _hf_name(name: str) -> str:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
-        raise ValueError(f"unexpected GGUF tensor {name!r}")
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return tensor_name(name, _TOP_NAMES, _LAYER_NAMES, "weight|bias")
 
 
 def _hf_config(reader: Any) -> dict[str, Any]:

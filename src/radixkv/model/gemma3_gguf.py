@@ -20,7 +20,6 @@ Gemma's GGUF conventions undone here:
 from __future__ import annotations
 
 import importlib.util
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from radixkv.model.gguf_convert import (
     dequantize,
     field,
     is_complete,
+    tensor_name,
     to_torch,
     write_checkpoint,
 )
@@ -131,12 +131,7 @@ def gemma3_270m_path() -> Path:
 
 def hf_name(name: str) -> str:
     """The HF tensor name of a Gemma 3 GGUF tensor."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
-        raise ValueError(f"unexpected Gemma 3 GGUF tensor {name!r}")
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    return tensor_name(name, _TOP_NAMES, _LAYER_NAMES)
 
 
 def hf_config(reader: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -39,6 +40,19 @@ def field(reader: Any, key: str, default: Any = None) -> Any:
             return default
         raise KeyError(f"GGUF metadata has no {key!r}")
     return reader.fields[key].contents()
+
+
+def tensor_name(
+    name: str, top: dict[str, str], layer: dict[str, str], suffixes: str = "weight"
+) -> str:
+    """The HF name of a GGUF tensor: `top` maps whole names, `layer` maps the part between
+    `blk.N.` and the suffix (`suffixes`: a regex alternation such as "weight|bias")."""
+    if name in top:
+        return top[name]
+    m = re.fullmatch(rf"blk\.(\d+)\.(\w+)\.({suffixes})", name)
+    if m is None or m.group(2) not in layer:
+        raise ValueError(f"unexpected GGUF tensor {name!r}")
+    return f"model.layers.{m.group(1)}.{layer[m.group(2)]}.{m.group(3)}"
 
 
 def dequantize(tensor: Any) -> np.ndarray:

@@ -196,7 +196,7 @@ async def _read_body(request: Request) -> bytes:
 def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
     prompt = req.prompt_text_or_ids()
     if isinstance(prompt, str):
-        ids = list(state.tokenizer.encode(prompt))
+        ids = list(state.tokenizer.encode(prompt, req.add_special_tokens))
     else:
         ids = prompt
         bad = [t for t in ids if not 0 <= t < state.vocab_size]

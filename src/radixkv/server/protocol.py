@@ -106,6 +106,9 @@ class CompletionRequest(_Common):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    # As in vLLM: a text prompt gets the tokenizer's special tokens (Gemma's <bos>; SmolLM2
+    # adds none); token-id prompts are taken as they are.
+    add_special_tokens: bool = True
 
     def check(self, vocab_size: int) -> None:
         self.check_common(vocab_size)
