@@ -119,3 +119,31 @@ def test_worker_marks_unhealthy_backs_off_and_recovers() -> None:
         assert "k1" not in be.data and w.counters.corrupt == 1
     finally:
         w.close()
+
+
+def test_worker_fetches_extra_keys_each_alone_with_their_own_headers(tmp_path: Path) -> None:
+    """A hybrid model's values: "<hash>-swa" keys carry their own header; each extra key is
+    fetched alone (misses and bad values skip it only) and only if the leading run reaches it."""
+    swa = PageMeta("fp-a", "float32", 3, 4, (3, 2, 4, 2, 8), 4)
+    w = StorageWorker(FileBackend(str(tmp_path / "l3")), META)
+    w.metas["swa"] = swa
+    try:
+        for key, payload in (("a1", b"12345678"), ("a2", b"87654321")):
+            assert w.submit_write(key, key, lambda p=payload: p)
+        for key in ("a1-swa", "a3-swa", "a4-swa"):
+            assert w.submit_write(key, key, lambda: b"wxyz")
+        assert all(r == WriteDone(r.token, True) for r in _wait(w, 5))
+        w.backend.put("a4-swa", encode_page("a4-swa", META, b"12345678"))  # wrong header
+        extra = [(0, "a1-swa"), (1, "a2-swa"), (2, "a3-swa"), (2, "a4-swa"), (3, "a3-swa")]
+        assert w.submit_fetch(1, ["a1", "a2", "a9"], extra)
+        (done,) = _wait(w, 1)
+        assert isinstance(done, FetchDone)
+        assert done.payloads == [b"12345678", b"87654321"]
+        # a2-swa is absent, a4-swa fails verification, the last one needs a run of 3 pages.
+        assert done.extra == {"a1-swa": b"wxyz", "a3-swa": b"wxyz"}
+        assert w.counters.corrupt == 1
+        assert w.submit_fetch(2, [], [(0, "a1-swa"), (0, "a1-bogus")])  # unknown suffix
+        (done,) = _wait(w, 1)
+        assert isinstance(done, FetchDone) and done.extra == {"a1-swa": b"wxyz"}
+    finally:
+        w.close()

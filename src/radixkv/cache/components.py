@@ -158,6 +158,12 @@ class HybridPrefixCache(PrefixIndex, Protocol):
 
     def reset(self) -> Freed: ...
 
+    def peek_full(
+        self, tokens: Sequence[int], namespace: Hashable | None = None
+    ) -> tuple[int, SlotArray, Any]:
+        """The cached path before the votes: (length, FULL slots, a handle protecting them)."""
+        ...
+
     def swa_slots_of(self, handle: Any) -> SlotArray | None:
         """The SWA slots of the prefix `handle` covers, -1 before its window (None without
         SWA)."""

@@ -135,6 +135,21 @@ class HybridCache(RadixTree):
         swa = self.swa.window_slots(kept, p) if self.swa is not None else None
         return HybridMatch(p, full, handle, swa, handle.ckpt, shared)
 
+    def peek_full(
+        self, tokens: Sequence[int] | SlotArray, namespace: Hashable | None = None
+    ) -> tuple[int, SlotArray, Any]:
+        """The cached path of `tokens` before any vote: its page-aligned length, the FULL slots
+        of those tokens, and a handle whose lock protects them (its node may reach past the
+        length). Nothing is split or recorded (the tiers continue a match from here)."""
+        root = self._roots.get(namespace)
+        if root is None:
+            return 0, concat_slots([]), None
+        path, shared_b = self._walk_nosplit(root, token_key(tokens))
+        shared = shared_b // TOKEN_BYTES
+        if not path or not self.has_full:
+            return shared, concat_slots([]), path[-1] if path else None
+        return shared, concat_slots([n.slots for n in path])[:shared], path[-1]
+
     def swa_slots_of(self, handle: Any) -> SlotArray | None:
         """The SWA slots of the prefix `handle` covers, -1 before its window (None without
         SWA); with `slots_of`, what a request reads after moving its lock to `handle`."""

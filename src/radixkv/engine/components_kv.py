@@ -63,6 +63,9 @@ class ComponentMemory:
         )
         self.interval = -(-interval // page_size) * page_size
         self.full_alloc = full_alloc  # the KV manager's FULL allocator (FULL slots it frees)
+        # The host/storage tiers (set by KVManager; NoTiers or a HybridTierManager): told what
+        # the tree adopts (`on_components_insert`) and which FULL slots it frees (`on_evict`).
+        self.tiers: Any = None
         self._swa_prefix: dict[int, SlotArray | None] = {}  # id(req) -> matched SWA, until bind
 
     @staticmethod
@@ -80,6 +83,8 @@ class ComponentMemory:
         """Return what the tree let go of to every component's allocator (an eviction asked
         for SWA or STATE room may remove whole leaves, FULL slots included)."""
         if len(freed.full):
+            if self.tiers is not None:
+                self.tiers.on_evict(freed.full)  # write_back demotes before the slots are freed
             self.full_alloc.free_slots_of_pages(freed.full)
         if len(freed.swa):
             assert self.swa_alloc is not None
@@ -122,11 +127,11 @@ class ComponentMemory:
         self._free(self.cache.evict(checkpoints=everything))
 
     # -- admission ----------------------------------------------------------------------------
-    def match(self, req: Request, query: Any) -> HybridMatch:
+    def match(self, req: Request, query: Any, record: bool = True) -> HybridMatch:
         """The tree's match for `req` (cache on): where it resumes, and the SWA window and
-        checkpoint target it needs at `bind`."""
+        checkpoint target it needs at `bind` (`record=False`: no hit statistics)."""
         assert self.cache is not None
-        m = self.cache.match(query, req.namespace)
+        m = self.cache.match(query, req.namespace, record=record)
         req.hybrid.resume_ckpt = m.checkpoint
         req.hybrid.ckpt_target = 0
         if self.spec.has_state and m.shared_length > m.length:
@@ -274,15 +279,20 @@ class ComponentMemory:
         """Hand tokens[:aligned] of every component to the tree (FULL `slots`, the SWA row,
         due checkpoints); free what it refused. Returns (already cached, handle)."""
         assert self.cache is not None
+        swa_row = self.swa_row(req, aligned)
+        ckpts = self.checkpoints_for(req, aligned, finishing)
         out = self.cache.insert(
             req.tokens[:aligned],
             slots,
-            self.swa_row(req, aligned),
-            self.checkpoints_for(req, aligned, finishing),
+            swa_row,
+            ckpts,
             req.namespace,
             req.options.priority,
             req.prefix_len,
         )
+        if self.tiers is not None:
+            taken = [c for c in ckpts if c[1] not in out.checkpoints_rejected]
+            self.tiers.on_components_insert(req, swa_row, out.cached, aligned, taken)
         if len(out.swa_free):
             assert self.swa_alloc is not None
             self.swa_alloc.free_slots_of_pages(out.swa_free)

@@ -27,6 +27,7 @@ import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
 from radixkv.engine.components_kv import ComponentMemory
+from radixkv.engine.hybrid_load import load_components
 from radixkv.engine.kv_events import NULL_SINK, EventSink
 from radixkv.engine.no_components import NoComponents
 from radixkv.engine.prefetch import PrefetchHold
@@ -62,6 +63,8 @@ class KVManager:
         # hooks are called unconditionally; tree-level calls ask isinstance(ComponentMemory).
         self.comp: ComponentMemory | NoComponents = comp if comp is not None else NoComponents()
         self.tiers: Tiers = tiers if tiers is not None else NoTiers()
+        if comp is not None:
+            comp.tiers = self.tiers
         self.held = PrefetchHold()
         # KV events hooks: every `self.events.` call below.
         self.events = events
@@ -118,10 +121,12 @@ class KVManager:
         """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
         this allocates device pages, the tiers copy them down, this inserts them into the tree
         and moves req's lock onto the longer prefix. Returns the new (length, slots)."""
+        if self.comp is not None:  # every component votes on what L2 holds
+            return load_components(self, req, length, slots)
         plan = self.tiers.plan_load(req, length)
         if plan is None:
             return length, slots
-        assert self.plain is not None  # the tiers serve FULL-only caches
+        assert self.plain is not None
         dev_pages = None
         try:
             dev_pages = self.alloc(len(plan.host_pages))

@@ -81,7 +81,14 @@ def build_memory(
             cfg.cache.state_checkpoint_interval,
         )
     plain = setup.make_prefix_cache(cfg.cache) if spec is None else None
-    tiers = tier_setup.make_tiers(cfg.cache, pool, lm, cfg.scheduler.chunked_prefill_size)
+    tiers = tier_setup.make_tiers(
+        cfg.cache,
+        pool,
+        lm,
+        cfg.scheduler.chunked_prefill_size,
+        pools,  # a hybrid model's tiers keep every component (engine/hybrid_tiers.py)
+        spec.swa_window if spec is not None else None,
+    )
     tree = plain if comp is None else comp.cache
     events = kv_events.sink_for_engine(cfg.cache, tree, tiers, spec)
     kv = KVManager(allocator, table, plain, comp, tiers, events)

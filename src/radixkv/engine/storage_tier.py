@@ -13,12 +13,26 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from radixkv.cache.tiers import HostIndex
 from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.storage.worker import FetchDone, StorageWorker, WriteDone
+
+FULL = ""  # the key suffix of full-attention pages (their keys are the bare hash)
+
+
+class HostPages(Protocol):
+    """A host pool of one component (HostKVPool, HostStatePool): bytes in and out."""
+
+    @property
+    def page_bytes(self) -> int: ...
+
+    def page_payload(self, page: int) -> bytes: ...
+
+    def write_payload(self, page: int, payload: bytes) -> None: ...
 
 
 class StorageTier:
@@ -27,42 +41,68 @@ class StorageTier:
     ) -> None:
         self.index = index
         self.host = host
+        # Every component's L2 (index, pool) by key suffix: FULL, and a hybrid model's others
+        # (`add_store`); a value is stored under "<hash hex>[-<suffix>]".
+        self.stores: dict[str, tuple[HostIndex, HostPages]] = {FULL: (index, host)}
         self.worker = worker
         self.prefetch = prefetch
         prefetch.fetch_batch = worker.fetch_batch
         self.prefetch_started = 0
         self._fetch_ids = 0
-        self._fetching: dict[int, tuple[str, list[bytes]]] = {}  # fetch id -> (request, hashes)
+        # fetch id -> (request, FULL hashes, the extra keys asked: key -> (suffix, hash))
+        self._fetching: dict[int, tuple[str, list[bytes], dict[str, tuple[str, bytes]]]] = {}
         self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
-        # Host pages a request's prefetch landed, pinned (held) until its match used them.
-        self._req_pins: dict[str, list[int]] = {}
+        # Host pages (suffix, page) a request's prefetch landed, pinned until its match.
+        self._req_pins: dict[str, list[tuple[str, int]]] = {}
         self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
-        self._stored: set[bytes] = set()  # hashes confirmed in L3 (skip rewriting them)
-        self.journal: list[bytes] | None = None  # hashes newly known in L3 (KV events), or off
+        self._stored: set[tuple[str, bytes]] = set()  # confirmed in L3 (skip rewriting them)
+        self.journal: list[bytes] | None = None  # FULL hashes newly known in L3 (KV events)
 
-    def write(self, hp: int, h: bytes) -> None:
-        """Queue the storage copy of L2 page `hp` (hash `h`) unless L3 has it already."""
-        if h in self._stored:
+    def add_store(self, suffix: str, index: HostIndex, host: HostPages) -> None:
+        """Another component's L2, stored under keys "<hash hex>-<suffix>"."""
+        if not suffix or "-" in suffix or suffix in self.stores:
+            raise ValueError(f"bad or duplicate component suffix {suffix!r}")
+        self.stores[suffix] = (index, host)
+
+    @staticmethod
+    def key(h: bytes, suffix: str = FULL) -> str:
+        return h.hex() + (f"-{suffix}" if suffix else "")
+
+    def write(self, hp: int, h: bytes, suffix: str = FULL) -> None:
+        """Queue the storage copy of L2 page `hp` (hash `h`) of component `suffix` unless L3
+        has it already."""
+        if (suffix, h) in self._stored:
             return
-        self.index.pin(hp)  # unpinned when the write is confirmed or fails (poll)
-        host = self.host
-        if not self.worker.submit_write((hp, h), h.hex(), lambda: host.page_payload(hp)):
-            self.index.unpin(hp)
+        index, host = self.stores[suffix]
+        index.pin(hp)  # unpinned when the write is confirmed or fails (poll)
+        token = (suffix, hp, h)
+        if not self.worker.submit_write(token, self.key(h, suffix), lambda: host.page_payload(hp)):
+            index.unpin(hp)
 
     # -- prefetch ------------------------------------------------------------------------------
     def start_prefetch(
-        self, request_id: str, want: list[bytes], in_l2: list[int], page_size: int
+        self,
+        request_id: str,
+        want: list[bytes],
+        in_l2: list[int],
+        page_size: int,
+        extra: Sequence[tuple[int, str, bytes]] = (),
+        extra_in_l2: Sequence[tuple[str, int]] = (),
     ) -> float | None:
-        """Fetch the pages `want` (the prompt's pages past L1 and the L2 pages `in_l2`) and
-        decide whether the request waits for them: the longest it may be held (seconds), or
-        None. A held request's L2 pages are pinned until `unpin_request` (its match)."""
-        queued = sum(len(h) for _, h in self._fetching.values())
+        """Fetch the pages `want` (the prompt's pages past L1 and the L2 pages `in_l2`), and
+        each `extra` value (need, suffix, hash) of another component whose `need` <= the run
+        of `want` found; decide whether the request waits for them: the longest it may be
+        held (seconds), or None. A held request's L2 pages (`in_l2`, `extra_in_l2`) are pinned
+        until `unpin_request` (its match)."""
+        queued = sum(len(h) for _, h, _ in self._fetching.values())
         d = self.prefetch.decide(
-            len(want), page_size, self.host.page_bytes, self.worker.healthy, queued
+            max(1, len(want)), page_size, self.host.page_bytes, self.worker.healthy, queued
         )
         fid = self._fetch_ids = self._fetch_ids + 1
-        if self.worker.submit_fetch(fid, [h.hex() for h in want]):
-            self._fetching[fid] = (request_id, want)
+        asked = {self.key(h, sfx): (sfx, h) for _, sfx, h in extra}
+        extra_keys = [(need, self.key(h, sfx)) for need, sfx, h in extra]
+        if self.worker.submit_fetch(fid, [h.hex() for h in want], extra_keys):
+            self._fetching[fid] = (request_id, want, asked)
             self._req_fetch[request_id] = fid
             self.prefetch_started += 1
         elif d.wait:
@@ -70,9 +110,10 @@ class StorageTier:
         self.prefetch.count(d)
         if not d.wait:
             return None
-        for hp in in_l2:
-            self.index.pin(hp)
-        self._req_pins.setdefault(request_id, []).extend(in_l2)
+        pins = [(FULL, hp) for hp in in_l2] + list(extra_in_l2)
+        for sfx, hp in pins:
+            self.stores[sfx][0].pin(hp)
+        self._req_pins.setdefault(request_id, []).extend(pins)
         self._held[request_id] = time.monotonic()
         return d.bound_s
 
@@ -88,8 +129,8 @@ class StorageTier:
             self.prefetch.released(time.monotonic() - start, timed_out)
 
     def unpin_request(self, request_id: str) -> None:
-        for hp in self._req_pins.pop(request_id, []):
-            self.index.unpin(hp)
+        for sfx, hp in self._req_pins.pop(request_id, []):
+            self.stores[sfx][0].unpin(hp)
 
     def forget(self, request_id: str) -> None:
         self._req_fetch.pop(request_id, None)
@@ -103,10 +144,10 @@ class StorageTier:
         landed = 0
         for res in self.worker.poll(timeout):
             if isinstance(res, WriteDone):
-                hp, h = res.token
-                self.index.unpin(hp)
+                sfx, hp, h = res.token
+                self.stores[sfx][0].unpin(hp)
                 if res.ok:
-                    self._known(h)
+                    self._known(h, sfx)
             elif isinstance(res, FetchDone):
                 self.prefetch.observe_fetch(res.timings)
                 landed += self._land(res)
@@ -115,34 +156,38 @@ class StorageTier:
     def _land(self, res: FetchDone) -> int:
         # Landed even if its request is gone: the pages are verified and likely wanted again;
         # pinned for a request still waiting, so other landings cannot push them out first.
-        rid, hashes = self._fetching.pop(res.token, ("", []))
+        rid, hashes, asked = self._fetching.pop(res.token, ("", [], {}))
         live = self._req_fetch.get(rid) == res.token
+        found = [(FULL, h, p) for h, p in zip(hashes, res.payloads, strict=False)]
+        found += [(*asked[k], p) for k, p in res.extra.items() if k in asked]
         landed = 0
-        for h, payload in zip(hashes, res.payloads, strict=False):
-            self._known(h)
-            if self.index.lookup(h) is not None:
+        for sfx, h, payload in found:
+            self._known(h, sfx)
+            index, host = self.stores[sfx]
+            if index.lookup(h) is not None:
                 continue
-            got = self.index.alloc(1)
+            got = index.alloc(1)
             if got is None:
-                break
-            self.host.write_payload(got[0], payload)
-            self.index.add(h, got[0], origin="storage")
-            landed += 1
+                continue
+            host.write_payload(got[0], payload)
+            index.add(h, got[0], origin="storage")
+            landed += sfx == FULL
             if live:
-                self.index.pin(got[0])
-                self._req_pins.setdefault(rid, []).append(got[0])
+                index.pin(got[0])
+                self._req_pins.setdefault(rid, []).append((sfx, got[0]))
         return landed
 
     @property
     def known_hashes(self) -> frozenset[bytes]:
-        """The page hashes this replica knows are in L3 (confirmed writes, verified fetches)."""
-        return frozenset(self._stored)
+        """The (FULL) page hashes this replica knows are in L3 (confirmed writes, verified
+        fetches)."""
+        return frozenset(h for sfx, h in self._stored if sfx == FULL)
 
-    def _known(self, h: bytes) -> None:
-        """`h` is in L3 (a confirmed write or a verified fetch)."""
-        if h not in self._stored:
-            self._stored.add(h)
-            if self.journal is not None:
+    def _known(self, h: bytes, sfx: str = FULL) -> None:
+        """`h` of component `sfx` is in L3 (a confirmed write or a verified fetch)."""
+        if (sfx, h) not in self._stored:
+            self._stored.add((sfx, h))
+            if self.journal is not None and sfx == FULL:
                 self.journal.append(h)
 
     def stats(self) -> dict[str, Any]:

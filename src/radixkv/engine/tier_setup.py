@@ -15,6 +15,7 @@ from radixkv.engine.request import Request
 from radixkv.engine.tier_residency import TierOp
 from radixkv.engine.tiers import LoadPlan, TierManager
 from radixkv.memory.host_pool import HostKVPool
+from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
 
 _SAMPLE = 4096  # values per tensor that enter the weights digest
@@ -48,11 +49,18 @@ def _named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def make_tiers(
-    cfg: CacheConfig, pool: KVPool, lm: Any, chunk_tokens: int = 2048
+    cfg: CacheConfig,
+    pool: KVPool,
+    lm: Any,
+    chunk_tokens: int = 2048,
+    pools: ModelPools | None = None,
+    swa_window: int | None = None,
 ) -> TierManager | NoTiers:
     """The TierManager the config asks for, or NoTiers. Without enable_hierarchical_cache but with
     a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2).
-    `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time)."""
+    `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time).
+    A hybrid model (`pools`, its SWA window) gets a HybridTierManager: its SWA and STATE host
+    pools hold the same share of their device pools as the FULL one."""
     if not cfg.tiers_enabled:
         return NoTiers()
     ps = cfg.page_size
@@ -66,17 +74,35 @@ def make_tiers(
     if cfg.hicache_storage_backend is not None:
         assert cfg.hicache_storage_url is not None
         storage = (cfg.hicache_storage_backend, cfg.hicache_storage_url)
+    prefetch = PrefetchPolicy(
+        cfg.hicache_storage_prefetch_policy, cfg.hicache_prefetch_timeout_s, chunk_tokens
+    )
+    fingerprint = model_fingerprint(lm, pool.config.dtype)
+    if pools is not None:
+        from radixkv.engine.hybrid_tiers import HybridTierManager
+
+        interval = -(-cfg.state_checkpoint_interval // ps) * ps
+        return HybridTierManager(
+            pools,
+            swa_window,
+            interval,
+            ps,
+            pages,
+            cfg.hicache_write_policy,
+            fingerprint,
+            storage,
+            cfg.hicache_storage_timeout_s,
+            prefetch,
+        )
     return TierManager(
         pool,
         ps,
         pages,
         cfg.hicache_write_policy,
-        model_fingerprint(lm, pool.config.dtype),
+        fingerprint,
         storage,
         cfg.hicache_storage_timeout_s,
-        PrefetchPolicy(
-            cfg.hicache_storage_prefetch_policy, cfg.hicache_prefetch_timeout_s, chunk_tokens
-        ),
+        prefetch,
     )
 
 
@@ -93,6 +119,16 @@ class NoTiers:
         pass
 
     def on_evict(self, slots: np.ndarray, demote: bool = True) -> None:
+        pass
+
+    def on_components_insert(
+        self,
+        req: Request,
+        swa_row: np.ndarray | None,
+        cached: int,
+        aligned: int,
+        checkpoints: list[tuple[int, int]],
+    ) -> None:
         pass
 
     def plan_load(self, req: Request, length: int) -> LoadPlan | None:

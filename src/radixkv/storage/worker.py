@@ -41,6 +41,9 @@ class FetchDone:
     # (bytes returned, seconds) per backend round trip, verification included: what the
     # prefetch policy's bandwidth estimate learns from (failed round trips are not timed).
     timings: list[tuple[int, float]] = field(default_factory=list, compare=False)
+    # Verified payloads of the job's `extra` keys that were present (a hybrid model's SWA pages
+    # and state checkpoints: each one alone, a miss does not end anything), by key.
+    extra: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +81,9 @@ class StorageWorker:
     ) -> None:
         self.backend = backend
         self.meta = meta
+        # Values of other kinds, by key suffix ("<hash>-<suffix>"): a hybrid model's SWA pages
+        # and state checkpoints. A key's suffix picks the header it must carry (`meta_for`).
+        self.metas: dict[str, PageMeta] = {}
         self.counters = StorageCounters()
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
@@ -120,12 +126,16 @@ class StorageWorker:
             self._pending_writes += 1
         return True
 
-    def submit_fetch(self, token: Any, keys: list[str]) -> bool:
-        """Queue a fetch of the leading run of `keys` present and valid in storage."""
-        if not keys or not self._usable():
+    def submit_fetch(
+        self, token: Any, keys: list[str], extra: list[tuple[int, str]] | None = None
+    ) -> bool:
+        """Queue a fetch of the leading run of `keys` present and valid in storage, then of
+        each `extra` key (need, key) whose `need` <= the length of that run (independently:
+        misses are skipped; FetchDone.extra)."""
+        if not (keys or extra) or not self._usable():
             return False
         try:
-            self._fetches.put_nowait((token, keys))
+            self._fetches.put_nowait((token, keys, extra or []))
         except queue.Full:
             self._count("refused")
             return False
@@ -199,26 +209,33 @@ class StorageWorker:
             setattr(self.counters, name, getattr(self.counters, name) + n)
 
     # -- worker threads ------------------------------------------------------------------------
+    def meta_for(self, key: str) -> PageMeta:
+        """The header a value under `key` must carry: by its registered suffix, else `meta`."""
+        _, sep, suffix = key.rpartition("-")
+        return self.metas.get(suffix, self.meta) if sep else self.meta
+
     def _run(self, q: queue.Queue[Any]) -> None:
         while True:
             job = q.get()
             if job is _STOP:
                 return
-            if len(job) == 3:
+            if q is self._writes:
                 self.results.put(WriteDone(job[0], self._write(job[1], job[2])))
                 with self._lock:
                     self._pending_writes -= 1
             else:
                 timings: list[tuple[int, float]] = []
                 payloads = self._fetch(job[1], timings)
-                self.results.put(FetchDone(job[0], payloads, timings))
+                wanted = [k for need, k in job[2] if need <= len(payloads)]
+                extra = self._fetch_each(wanted, timings)
+                self.results.put(FetchDone(job[0], payloads, timings, extra))
 
     def _write(self, key: str, payload: Callable[[], bytes]) -> bool:
         if not self._usable():
             self._count("writes_failed")
             return False
         try:
-            self.backend.put(key, encode_page(key, self.meta, payload()))
+            self.backend.put(key, encode_page(key, self.meta_for(key), payload()))
         except Exception as exc:
             self._failed(_as_storage_error(exc))
             self._count("writes_failed")
@@ -251,6 +268,40 @@ class StorageWorker:
                 break
         return out
 
+    def _fetch_each(self, keys: list[str], timings: list[tuple[int, float]]) -> dict[str, bytes]:
+        """Verified payloads of those `keys` present in storage (a miss or a bad value skips
+        that key only), in batches of `fetch_batch`; stops at an error."""
+        out: dict[str, bytes] = {}
+        for start in range(0, len(keys), self.fetch_batch):
+            batch = keys[start : start + self.fetch_batch]
+            if not self._usable():
+                break
+            t0 = time.perf_counter()
+            try:
+                values = self._get_each(batch)
+            except Exception as exc:
+                self._failed(_as_storage_error(exc))
+                break
+            self._ok()
+            nbytes = 0
+            for key, value in zip(batch, values, strict=True):
+                if value is None:
+                    self._count("reads_miss")
+                    continue
+                payload = self._verify(key, value)
+                if payload is not None:
+                    out[key] = payload
+                    nbytes += len(payload)
+                    self._count("reads_hit")
+            timings.append((nbytes, time.perf_counter() - t0))
+        return out
+
+    def _get_each(self, keys: list[str]) -> list[bytes | None]:
+        """Every key's value, misses included (`get_many` may stop at the first miss)."""
+        values = self.backend.get_many(keys)
+        first = next((i for i, v in enumerate(values) if v is None), len(values))
+        return values[: first + 1] + [self.backend.get(k) for k in keys[first + 1 :]]
+
     def _take(self, batch: list[str], values: list[bytes | None], out: list[bytes]) -> bool:
         """Append the verified payloads of the leading present values; False at a miss or a
         bad value (the run ends there)."""
@@ -268,7 +319,7 @@ class StorageWorker:
     def _verify(self, key: str, value: bytes) -> bytes | None:
         """The page's payload, or None after deleting a value that fails verification."""
         try:
-            return decode_page(key, self.meta, value)
+            return decode_page(key, self.meta_for(key), value)
         except CorruptPage as exc:
             self._count("corrupt")
             log.warning("L3 page %s failed verification (%s): deleted, recomputing", key, exc)
