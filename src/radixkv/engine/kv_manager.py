@@ -121,7 +121,7 @@ class KVManager:
         """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
         this allocates device pages, the tiers copy them down, this inserts them into the tree
         and moves req's lock onto the longer prefix. Returns the new (length, slots)."""
-        if self.comp is not None:  # every component votes on what L2 holds
+        if isinstance(self.comp, ComponentMemory):  # every component votes on what L2 holds
             return load_components(self, req, length, slots)
         plan = self.tiers.plan_load(req, length)
         if plan is None:
