@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from radixkv.bench.cluster_report import SimSetup, parse_config, simulate_all
 from radixkv.bench.cluster_sim import PageIds, PageLRU, simulate, simulate_pool
 from radixkv.bench.workloads import ideal_hits
 
@@ -118,3 +119,19 @@ def test_unbounded_pool_equals_page_floored_ideal(page_size: int) -> None:
     expected = sum(h // page_size * page_size for h in ideal_hits(prompts))
     assert res.cached_tokens == expected
     assert res.prompt_tokens == sum(map(len, prompts))
+
+
+def test_configuration_names() -> None:
+    assert parse_config("round_robin") == ("smg", "round_robin", False)
+    assert parse_config("cache_aware+l3") == ("smg", "cache_aware", True)
+    assert parse_config("kv_aware") == ("vllm-router", "kv_aware", False)
+    assert parse_config("one_pool") == ("none", "none", False)
+    for bad in ("kv_aware+l2", "random", "one_pool+l3"):
+        with pytest.raises(ValueError):
+            parse_config(bad)
+    # one_pool is simulated as the global pool: one LRU of the summed capacity.
+    prompts = [[t * 10 + k for k in range(4)] for t in range(3)] * 2
+    sims = simulate_all(prompts, SimSetup(3, 4, 1, 0), ["round_robin", "one_pool"])
+    assert sims["one_pool"].cached_tokens == sims["global pool"].cached_tokens == 12
+    assert sims["round_robin"].cached_tokens == 12  # tenant t always lands on replica t
+    assert sims["ideal"].cached_tokens == 12

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixkv.cluster.routers import RouterInstallError, router_python
+from radixkv.cluster.routers import ROUTER_PACKAGES, RouterInstallError, cached_venv
 
 KEY = "gw-test-key"
 MODEL = "tiny-llama"
@@ -23,8 +23,13 @@ SERVE_ARGS = (
 
 def router_python_or_skip(router: str) -> Path:
     """The router's cached virtualenv (installed on first use); skip only if pip is offline."""
+    return venv_python_or_skip(ROUTER_PACKAGES[router])
+
+
+def venv_python_or_skip(requirement: str) -> Path:
+    """A cached virtualenv holding `requirement`; skip only if pip cannot reach the index."""
     try:
-        return router_python(router)
+        return cached_venv(requirement)
     except RouterInstallError as exc:
         if exc.offline:
             pytest.skip(str(exc))

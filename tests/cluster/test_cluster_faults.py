@@ -12,7 +12,8 @@ client with concurrent requests.
   routes to it again), and its new life announces AllBlocksCleared at seq 0, then exactly the
   blocks of the prompts it served since.
 
-Tests run in file order on one cluster; each leaves both replicas serving.
+And first, with no fault: cache_aware sends each tenant's concurrent requests to the replica that
+holds its prefix. Tests run in file order on one cluster; each leaves both replicas serving.
 """
 
 from __future__ import annotations
@@ -65,20 +66,30 @@ def _blocks_of(ids: list[int]) -> set[Prefix]:
     return {(None, tuple(ids[:e])) for e in range(BS, len(ids) + 1, BS)}
 
 
-def _ask_all(client: openai.OpenAI, prompts: list[str], during: Callable[[], None]) -> list[Any]:
-    """Send every prompt at once (8 in flight), run `during` meanwhile; every answer in full."""
+def _ask_all(
+    client: openai.OpenAI,
+    prompts: list[str],
+    during: Callable[[], None],
+    retry_no_worker: list[int] | None = None,
+) -> list[Any]:
+    """Send every prompt at once (8 in flight), run `during` meanwhile; every answer in full.
+    With `retry_no_worker`, a 404 "No worker available" is retried too (and counted there)."""
+
+    def ask(prompt: str) -> Any:
+        while True:
+            try:
+                return client.completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=24, temperature=0.0,
+                    extra_body={"ignore_eos": True},
+                )  # fmt: skip
+            except openai.NotFoundError as exc:
+                if retry_no_worker is None or "No worker available" not in str(exc):
+                    raise
+                retry_no_worker.append(1)
+                time.sleep(0.2)
+
     with ThreadPoolExecutor(8) as pool:
-        futures = [
-            pool.submit(
-                client.completions.create,
-                model=MODEL,
-                prompt=p,
-                max_tokens=24,
-                temperature=0.0,
-                extra_body={"ignore_eos": True},
-            )
-            for p in prompts
-        ]
+        futures = [pool.submit(ask, p) for p in prompts]
         during()
         answers = [f.result() for f in futures]
     for r in answers:
@@ -88,6 +99,29 @@ def _ask_all(client: openai.OpenAI, prompts: list[str], during: Callable[[], Non
 
 def _subscriber(cluster: RunningCluster, i: int) -> Subscriber:
     return Subscriber(cluster.kv_event_endpoints[i], cluster.kv_replay_endpoints[i])
+
+
+def test_cache_aware_keeps_each_tenant_on_one_replica(cluster: RunningCluster) -> None:
+    """Four tenants warmed one at a time, then 16 requests (4 per tenant) at once: smg's
+    cache_aware tree sends each to the replica holding its tenant's prefix, so every one is a
+    hit on the whole prefix (round robin would miss on about half)."""
+    assert cluster.router_url is not None
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
+    tenants = [_prompt(f"t{t}") for t in range(4)]
+    for p in tenants:  # warm-up, sequential: no prefix anywhere, smg spreads them
+        _ask_all(client, [p + " Warm-up."], lambda: None)
+    prompts = [p + f" Question {q}?" for q in range(4) for p in tenants]
+    answers = _ask_all(client, prompts, lambda: None)
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in answers]
+    # The tenant's prefix in whole pages: all of the rendered prefix but its last partial page
+    # (the suffixes differ from the warm-up's from their first token on).
+    want = [len(_render(cluster.worker_urls[0], p[: -len(" Question 0?")])) for p in prompts]
+    print(f"cached per request {cached}; prefix tokens {want}")
+    assert all(c >= w - BS for c, w in zip(cached, want, strict=True)), (cached, want)
+    served = [
+        requests_by_route(u).get(("/v1/completions", "200"), 0.0) for u in cluster.worker_urls
+    ]
+    assert min(served) >= 4, served  # both replicas took tenants
 
 
 def test_dropped_events_are_replayed(cluster: RunningCluster) -> None:
@@ -125,7 +159,12 @@ def test_router_restarted_mid_run(cluster: RunningCluster) -> None:
         time.sleep(1.0)  # some requests are in flight through it
         cluster.restart_router()
 
-    _ask_all(client, [_prompt(f"r{k}") for k in range(16)], restart)
+    # A new smg listens before it has registered the replicas and answers 404 "No worker
+    # available" meanwhile (about a second): clients retry that too (behind a load balancer
+    # that waits for its /readiness, as deploy/kubernetes/gateway.yaml's probe, none see it).
+    no_worker: list[int] = []
+    _ask_all(client, [_prompt(f"r{k}") for k in range(16)], restart, no_worker)
+    print(f"404 No worker available while the new router registered: {len(no_worker)}")
     assert cluster.router is not None and cluster.router.pid != first_pid
     listed = {w["url"]: w["is_healthy"] for w in cluster.router_workers()}
     assert listed == dict.fromkeys(cluster.worker_urls, True)

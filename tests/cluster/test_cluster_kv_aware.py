@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cluster_harness import MODEL, SERVE_ARGS, requests_by_route, router_python_or_skip
+from cluster_harness import AUTH, KEY, MODEL, SERVE_ARGS, requests_by_route, router_python_or_skip
 from kv_subscriber import Subscriber
 
 from radixkv.cluster.launch import ClusterSpec, RunningCluster, start_cluster
@@ -37,6 +37,7 @@ def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         router="vllm-router",
         kv_events=True,
         router_python=str(router_python_or_skip("vllm-router")),
+        api_key=KEY,  # the router must send it on to the replicas (render and requests)
         log_dir=str(tmp_path_factory.mktemp("kv-aware")),
     )
     with start_cluster(spec) as running:
@@ -61,7 +62,7 @@ def test_kv_aware_routes_a_prefix_to_the_replica_that_cached_it(cluster: Running
     try:
         prefixes = [_prefix("A"), _prefix("B")]
         for i, (url, prefix) in enumerate(zip(cluster.worker_urls, prefixes, strict=True)):
-            direct = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            direct = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
             r = direct.completions.create(
                 model=MODEL, prompt=prefix + " Warm-up.", max_tokens=2, temperature=0.0
             )
@@ -71,7 +72,7 @@ def test_kv_aware_routes_a_prefix_to_the_replica_that_cached_it(cluster: Running
         time.sleep(1.0)  # margin for the router's indexer thread to apply them
         before = [_completions(u) for u in cluster.worker_urls]
 
-        client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="none", max_retries=0)
+        client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
         hits: list[tuple[int, int, int]] = []
         # Not alternating: round robin would put half of these on the wrong replica.
         for k, tenant in enumerate((0, 0, 1, 1, 0, 1, 1, 0)):
@@ -101,4 +102,5 @@ def test_kv_aware_routes_a_prefix_to_the_replica_that_cached_it(cluster: Running
 def test_vllm_router_lists_both_replicas(cluster: RunningCluster) -> None:
     listed = {w["url"]: w["is_healthy"] for w in cluster.router_workers()}
     assert listed == dict.fromkeys(cluster.worker_urls, True)
-    assert httpx.get(cluster.router_url + "/health", timeout=10).status_code == 200  # type: ignore[operator]
+    assert cluster.router_url is not None
+    assert httpx.get(cluster.router_url + "/health", headers=AUTH, timeout=10).status_code == 200

@@ -1,7 +1,7 @@
 """What a router in front of several replicas reads from each one (radixkv.server.gateway), the
 two /render routes, and the overload answer a router retries elsewhere: through the real app over
 the FakeEngine, in both engine modes where the engine process matters. The same routes behind a
-real SGLang Model Gateway are in test_gateway_e2e.py."""
+real SGLang Model Gateway are in tests/cluster/test_cluster_smg.py."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from radixkv.bench.client import ClientOptions
 from radixkv.bench.cluster_driver import ClusterRun, drive
 from radixkv.bench.cluster_report import (
     DEFAULT_CONFIGS,
+    ONE_POOL,
     SimSetup,
     format_table,
     parse_config,
@@ -77,7 +78,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=list(DEFAULT_CONFIGS),
         metavar="CONFIG",
-        help="round_robin, cache_aware, kv_aware, each optionally +l3; default: %(default)s",
+        help="round_robin, cache_aware, kv_aware, each optionally +l3, and one_pool (one "
+        "replica of the summed pool, no router); default: %(default)s",
     )
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     p.add_argument("--sim-only", action="store_true", help="run the simulation only")
@@ -110,7 +112,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     add_workload_args(p)
-    p.set_defaults(func=run, prompt_format="text")
+    # Traces: in arrival order, paced by --concurrency alone (--time-scale 1 keeps their clock).
+    p.set_defaults(func=run, prompt_format="text", time_scale=0.0)
 
 
 def _workload(args: argparse.Namespace, model: str | None) -> Workload:
@@ -127,11 +130,12 @@ def _workload(args: argparse.Namespace, model: str | None) -> Workload:
     return build_workload(args, token_source(args))
 
 
-def serve_args(args: argparse.Namespace) -> tuple[str, ...]:
+def serve_args(args: argparse.Namespace, num_slots: int | None = None) -> tuple[str, ...]:
     """What every replica runs with (on top of the launcher's own flags): the pool, the page,
     one torch thread each and no compilation (N replicas share the machine's cores; the figures
     are about cache hits, and a cold compile would dominate a short run), then --serve-arg."""
-    out = ["--num-slots", str(args.num_slots), "--page-size", str(args.page_size)]
+    slots = num_slots if num_slots is not None else args.num_slots
+    out = ["--num-slots", str(slots), "--page-size", str(args.page_size)]
     out += ["--threads", "1", "--no-compile", "--log-level", "warning"]
     return (*out, *args.serve_arg)
 
@@ -143,11 +147,14 @@ def run_config(
     from radixkv.cluster.launch import ClusterSpec, start_cluster
 
     router, policy, l3 = parse_config(name)
+    replicas, slots = args.replicas, args.num_slots
+    if name == ONE_POOL:  # one replica of the summed pool, sent to directly
+        replicas, slots = 1, args.num_slots * args.replicas
     spec = ClusterSpec(
-        replicas=args.replicas,
+        replicas=replicas,
         model=model,
-        serve_args=serve_args(args),
-        policy=policy,
+        serve_args=serve_args(args, slots),
+        policy=policy if router != "none" else "cache_aware",
         router=router,
         shared_l3=l3,
         kv_events=policy == "kv_aware",
@@ -157,8 +164,8 @@ def run_config(
     t0 = time.perf_counter()
     with start_cluster(spec) as cluster:
         started = time.perf_counter() - t0
-        assert cluster.router_url is not None  # every configuration has a router
-        run = _drive(args, cluster.router_url, list(cluster.worker_urls), workload, name)
+        url = cluster.router_url or cluster.worker_urls[0]
+        run = _drive(args, url, list(cluster.worker_urls), workload, name)
     return {"router": router, "policy": policy, "shared_l3": l3, "start_s": started, "run": run}
 
 
@@ -212,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
     meta: dict[str, dict[str, Any]] = {}
     for name in [] if args.sim_only else args.configs:
         done = run_config(args, name, model, workload)
-        real[name] = real_summary(done.pop("run"), args.replicas, ideal)
+        run_done = done.pop("run")
+        real[name] = real_summary(run_done, len(run_done.replica_stats), ideal)
         meta[name] = done
         print(f"{name}: {100 * real[name]['hit_rate']:.1f}% hit", file=sys.stderr, flush=True)
     title = (

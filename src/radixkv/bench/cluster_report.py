@@ -15,6 +15,9 @@ from radixkv.bench.cluster_sim import PageIds, SimResult, simulate, simulate_poo
 from radixkv.bench.metrics import _stats
 
 # Configuration name → (router, policy, shared L3). `+l3` adds one Redis shared by every replica.
+# `one_pool` is no cluster: one replica holding the summed pool, no router (the real counterpart
+# of the simulated global pool).
+ONE_POOL = "one_pool"
 ROUTED: dict[str, tuple[str, str]] = {
     "round_robin": ("smg", "round_robin"),
     "cache_aware": ("smg", "cache_aware"),
@@ -25,9 +28,11 @@ DEFAULT_CONFIGS = ("round_robin", "cache_aware", "cache_aware+l3", "kv_aware")
 
 def parse_config(name: str) -> tuple[str, str, bool]:
     """`cache_aware+l3` → ("smg", "cache_aware", True); ValueError for unknown names."""
+    if name == ONE_POOL:
+        return "none", "none", False
     base, plus, suffix = name.partition("+")
     if base not in ROUTED or (plus and suffix != "l3"):
-        names = ", ".join(f"{k}[+l3]" for k in ROUTED)
+        names = ", ".join(f"{k}[+l3]" for k in ROUTED) + f", {ONE_POOL}"
         raise ValueError(f"unknown configuration {name!r}; choose from {names}")
     router, policy = ROUTED[base]
     return router, policy, bool(plus)
@@ -50,8 +55,12 @@ def simulate_all(
     ids = PageIds()  # shared: the page chains are computed once per prompt set
     common: dict[str, Any] = dict(page_size=setup.page_size, in_flight=setup.in_flight)
     out: dict[str, SimResult] = {}
+    total = setup.replicas * setup.capacity_pages
     for name in configs:
         _, policy, l3 = parse_config(name)
+        if name == ONE_POOL:
+            out[name] = simulate_pool(prompts, capacity_pages=total, name=name, **common)
+            continue
         out[name] = simulate(
             prompts,
             replicas=setup.replicas,
@@ -62,7 +71,6 @@ def simulate_all(
             page_ids=ids,
             **common,
         )
-    total = setup.replicas * setup.capacity_pages
     out["global pool"] = simulate_pool(prompts, capacity_pages=total, name="global pool", **common)
     out["ideal"] = simulate_pool(
         prompts, capacity_pages=None, page_size=setup.page_size, name="ideal"

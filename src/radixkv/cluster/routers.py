@@ -4,9 +4,10 @@ RadixKV has no router of its own: `smg` (the SGLang Model Gateway) and `vllm-rou
 binaries shipped in Python wheels with dependencies of their own, so each is installed on first
 use, pinned, into a cached virtualenv (`routers/NAME-VERSION` beside the model cache, default
 ~/.cache/radixkv/routers/), guarded by a file lock (two processes never build one at once) and
-marked complete only once pip succeeded. `router_python` returns that virtualenv's interpreter.
+marked complete only once pip succeeded. `router_python` returns that virtualenv's interpreter
+(`cached_venv` does the same for any pinned requirement).
 
-`router_command` builds the command line that starts one router in front of the given workers,
+`RouterPlan.command()` is the command line that starts one router in front of the given workers,
 on loopback, with its side listeners (Prometheus) on free loopback ports too.
 """
 
@@ -61,7 +62,13 @@ def router_python(router: str, root: Path | None = None) -> Path:
     unreachable)."""
     if router not in ROUTER_PACKAGES:
         raise ValueError(f"no package for router {router!r}")
-    requirement = ROUTER_PACKAGES[router]
+    return cached_venv(ROUTER_PACKAGES[router], root)
+
+
+def cached_venv(requirement: str, root: Path | None = None) -> Path:
+    """The interpreter of a virtualenv holding `requirement` (pinned: `NAME==VERSION`), made once
+    under `root` (default `routers_dir()`) then reused; for routers and the tools that check
+    their set-ups (tests/cluster validates deploy/ with one)."""
     root = root or routers_dir()
     venv = root / requirement.replace("==", "-")
     python = venv / "bin" / "python"

@@ -1,0 +1,68 @@
+"""`radixkv cluster up` as a user runs it: a real process that starts two replicas behind smg and
+prints the router's URL; a request through that URL is answered; Ctrl-C (SIGINT to the command
+alone, as a terminal sends it to the foreground process) stops every process it started."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from cluster_harness import KEY, MODEL, SERVE_ARGS, router_python_or_skip
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_cluster_up_serves_then_stops_everything_on_ctrl_c(model_dir: Path, tmp_path: Path) -> None:
+    smg = router_python_or_skip("smg")
+    cmd = [sys.executable, "-m", "radixkv", "cluster", "up", "--replicas", "2"]
+    cmd += ["--model", str(model_dir), "--api-key", KEY, "--router-python", str(smg)]
+    cmd += ["--log-dir", str(tmp_path), "--", *SERVE_ARGS]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("Serving") for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)  # it exited
+            lines.append(line)
+            assert time.monotonic() < deadline, "".join(lines)
+        text = "".join(lines)
+        (router,) = re.findall(r"^smg \(cache_aware\) at (http://127\.0\.0\.1:\d+)/v1$", text, re.M)
+        workers = re.findall(r"replica \d: (http://127\.0\.0\.1:\d+)", text)
+        assert len(workers) == 2 and f"Serving '{MODEL}'" in text
+
+        client = openai.OpenAI(base_url=router + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello?"}], max_tokens=4
+        )
+        assert r.usage is not None and r.usage.completion_tokens >= 1
+
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, text + out
+        assert "stopped" in out
+        assert all(_refused(u) for u in [router, *workers])
+        assert {p.name for p in tmp_path.iterdir()} >= {
+            "replica0.log",
+            "replica1.log",
+            "router.log",
+        }
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
