@@ -245,3 +245,34 @@ def test_next_turn_resumes_at_the_previous_prompt_end() -> None:
     engine.check_memory()
     assert out.cached_tokens == 48
     assert out.output_token_ids == reference_greedy_hybrid(lm, turn2, 3)
+
+
+@pytest.mark.parametrize("window,chunk,ps", [(32, 16, 4), (16, 8, 2)])
+def test_part_of_a_conversation_resumes_at_the_least_swa_pool(
+    window: int, chunk: int, ps: int
+) -> None:
+    """At the least SWA pool (window + one chunk + 2 pages) a prompt sharing ~1.2 windows of an
+    earlier ~1.4-window one resumes past the window: trimming under pressure frees the SWA
+    pages furthest back first and only as many as asked, so the window before the shared
+    part survives (it used to tombstone every out-of-window page of the chain at once)."""
+    engine, lm = hybrid_engine(
+        ("full", "swa"),
+        window=window,
+        page_size=ps,
+        chunked_prefill_size=chunk,
+        swa_num_slots=window + chunk + 2 * ps,
+        max_running_requests=2,
+    )
+    rng = random.Random(window)
+    sp = SamplingParams(max_tokens=window // 16 + 2, temperature=0.0, ignore_eos=True)
+    short = [[rng.randrange(38) for _ in range(5)], [rng.randrange(38) for _ in range(9)]]
+    long_a = [rng.randrange(38) for _ in range(window * 11 // 8)]
+    shared = window * 19 // 16
+    long_b = long_a[:shared] + [rng.randrange(38) for _ in range(5)]
+    cached = []
+    for prompt in [*short, long_a, long_b]:
+        (out,) = engine.generate([prompt], sp)
+        engine.check_memory()
+        assert out.output_token_ids == reference_greedy_hybrid(lm, prompt, sp.max_tokens)
+        cached.append(out.cached_tokens)
+    assert cached[3] == shared // ps * ps > window
