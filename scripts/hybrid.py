@@ -79,7 +79,9 @@ class _Sampler:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from radixkv.model import load_model
 
-    return run_lm(load_model(args.model, "cpu"), args)
+    from radixkv.engine.setup import resolve_dtype
+
+    return run_lm(load_model(args.model, "cpu", resolve_dtype(args.dtype, "cpu")), args)
 
 
 def run_lm(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -108,6 +110,7 @@ def run_lm(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
             max_running_requests=args.concurrency,
             state_checkpoint_interval=args.interval,
             num_slots=args.num_slots,
+            dtype=args.dtype,
         )
         sampler = _Sampler(engine)
         res = drive(sampler, work.requests, args.concurrency)
@@ -216,6 +219,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--num-slots", type=int, default=16384)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", help="model and KV dtype (as --dtype)")
     p.add_argument("--json", default=None, help="also write the full result here")
     p.add_argument(
         "--sizes", action="store_true", help="print the default pool sizes only (no model run)"

@@ -183,29 +183,46 @@ def test_hybrid_config_errors_are_clear() -> None:
         hybrid_engine(KINDS["full+swa"], enable_hierarchical_cache=True)
 
 
+@pytest.mark.parametrize("kinds", ["full+swa+state", "swa-only", "full+state"])
 @pytest.mark.parametrize("cache_off", [False, True])
-def test_hybrid_n_choices_are_admitted_not_forked(cache_off: bool) -> None:
-    """n > 1 on a hybrid model: the choices do not fork (their SWA pages and working state would
-    need copies); they are admitted like any request and equal the reference."""
-    engine, lm = hybrid_engine(
-        KINDS["full+swa+state"],
-        page_size=4,
-        disable_radix_cache=cache_off,
-        state_checkpoint_interval=8,
-    )
-    rng = random.Random(7)
-    prompt = [rng.randrange(38) for _ in range(30)]
-    sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3)
-    rid = engine.add_request(prompt, sp)
-    out: dict[int, list[int]] = {0: [], 1: [], 2: []}
-    while engine.has_unfinished():
-        for d in engine.step():
-            assert d.request_id == rid
-            out[d.index].extend(d.new_token_ids)
+@pytest.mark.parametrize("plen", [30, 33])
+def test_hybrid_n_choices_fork_from_one_prefill(kinds: str, cache_off: bool, plen: int) -> None:
+    """n > 1 on a hybrid model: the prompt is computed once and the other choices fork from it
+    (the parent's SWA K/V and working state copied); greedy choices equal the reference, sampled
+    ones equal the same choices admitted one by one (no fork: one running request at a time)."""
+    rng = random.Random(plen)
+    prompt = [rng.randrange(38) for _ in range(plen)]  # past the window of 8; a partial page
+    outs = {}
+    for forking in (True, False):
+        engine, lm = hybrid_engine(
+            KINDS[kinds],
+            page_size=4,
+            disable_radix_cache=cache_off,
+            state_checkpoint_interval=8,
+            chunked_prefill_size=16,
+            max_running_requests=4 if forking else 1,
+        )
+        got: dict[tuple[int, int], list[int]] = {}
+        for sp in (
+            SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3),
+            SamplingParams(max_tokens=5, temperature=2.0, ignore_eos=True, n=3, seed=5),
+        ):
+            rid = engine.add_request(prompt, sp)
+            while engine.has_unfinished():
+                for d in engine.step():
+                    assert d.request_id == rid
+                    got.setdefault((sp.n if sp.greedy else 4, d.index), []).extend(d.new_token_ids)
+                engine.check_memory()
+        want = reference_greedy_hybrid(lm, prompt, 5)
+        assert [got[(3, i)] for i in range(3)] == [want] * 3
+        forked = engine.metrics().forked_choices_total
+        assert forked == (4 if forking else 0)
+        if forking:  # the prompt was computed once per request, not once per choice
+            assert engine.scheduler.prefill_tokens_total <= 2 * plen
+        engine.flush_cache()
         engine.check_memory()
-    want = reference_greedy_hybrid(lm, prompt, 5)
-    assert [out[i] for i in range(3)] == [want] * 3
-    assert engine.metrics().forked_choices_total == 0
+        outs[forking] = got
+    assert outs[True] == outs[False]
 
 
 @pytest.mark.parametrize("shared", [40, 130, 300])
