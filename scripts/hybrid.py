@@ -73,6 +73,9 @@ class _Sampler:
             "mean_state_bytes": float(state),
             "mean_bytes_held": float(full + swa + state),
             "mean_bytes_if_swa_kept_full_kv": float(full + naive + state),
+            # The longest request's peak (the last turn of a long conversation).
+            "peak_bytes_held": float((a[:, 0] + a[:, 1] + a[:, 2]).max()),
+            "peak_bytes_if_full_kv": float((a[:, 0] + a[:, 3] + a[:, 2]).max()),
         }
 
 
