@@ -80,9 +80,8 @@ class _Sampler:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from radixkv.model import load_model
-
     from radixkv.engine.setup import resolve_dtype
+    from radixkv.model import load_model
 
     return run_lm(load_model(args.model, "cpu", resolve_dtype(args.dtype, "cpu")), args)
 
