@@ -73,13 +73,17 @@ class _Sampler:
             "mean_state_bytes": float(state),
             "mean_bytes_held": float(full + swa + state),
             "mean_bytes_if_swa_kept_full_kv": float(full + naive + state),
+            # The longest request's peak (the last turn of a long conversation).
+            "peak_bytes_held": float((a[:, 0] + a[:, 1] + a[:, 2]).max()),
+            "peak_bytes_if_full_kv": float((a[:, 0] + a[:, 3] + a[:, 2]).max()),
         }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from radixkv.engine.setup import resolve_dtype
     from radixkv.model import load_model
 
-    return run_lm(load_model(args.model, "cpu"), args)
+    return run_lm(load_model(args.model, "cpu", resolve_dtype(args.dtype, "cpu")), args)
 
 
 def run_lm(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -108,15 +112,71 @@ def run_lm(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
             max_running_requests=args.concurrency,
             state_checkpoint_interval=args.interval,
             num_slots=args.num_slots,
+            dtype=args.dtype,
         )
         sampler = _Sampler(engine)
         res = drive(sampler, work.requests, args.concurrency)
+        pools = engine.metrics().component_pools
         out["modes"][mode] = {
             **res.summary(work.ideal_hit_rate()),
             **sampler.summary(),
-            "pools": engine.metrics().component_pools,
+            **_tree_bytes(pools, sampler.full_b, sampler.swa_b),
+            "pools": pools,
         }
     return out
+
+
+def _tree_bytes(pools: dict[str, Any], full_b: int, swa_b: int) -> dict[str, float]:
+    """KV bytes the tree keeps at the end (FULL for every cached token, SWA where a window is
+    still needed) next to full KV in every layer for the same tokens."""
+    full = pools.get("full", {}).get("cached", 0)
+    swa = pools.get("swa", {}).get("cached", 0)
+    return {
+        "tree_kv_bytes": float(full * full_b + swa * swa_b),
+        "tree_bytes_if_full_kv": float(full * (full_b + swa_b)),
+    }
+
+
+SIZE_CONFIGS: list[dict[str, Any]] = [
+    {},
+    {"page_size": 16},
+    {"page_size": 16, "max_running_requests": 8, "chunked_prefill_size": 512},
+]
+
+
+def kw_text(kw: dict[str, Any]) -> str:
+    names = {
+        "page_size": "page",
+        "max_running_requests": "running",
+        "chunked_prefill_size": "chunk",
+    }
+    return ", ".join(f"{names[k]} {v}" for k, v in kw.items()) or "defaults"
+
+
+def sizes_table(spec: Any) -> str:
+    """Default pool sizes (engine.setup.hybrid_sizes) at the default 512 MiB budget against the
+    even split (as many SWA as FULL slots, the rule before the demand-sized SWA pool)."""
+    import torch
+
+    from radixkv.config import EngineConfig
+    from radixkv.engine.setup import hybrid_sizes
+
+    head = (
+        f"{'dtype':<9} {'config':<28} {'FULL':>8} {'SWA':>7} {'SWA_MiB':>7} {'even':>7} {'gain':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for dtype in (torch.bfloat16, torch.float32):
+        full_b, swa_b = spec.kv_bytes_per_token(dtype)
+        for kw in SIZE_CONFIGS:
+            cfg = EngineConfig(**kw)
+            full, swa, _ = hybrid_sizes(cfg, spec, dtype)
+            even = cfg.cache.kv_cache_bytes // (full_b + swa_b)
+            even -= even % cfg.cache.page_size
+            lines.append(
+                f"{str(dtype).split('.')[-1]:<9} {kw_text(kw):<28} {full:>8} "
+                f"{swa:>7} {swa * swa_b / 2**20:>7.0f} {even:>7} {full / even:>5.2f}x"
+            )
+    return "\n".join(lines)
 
 
 def _naive_swa(m: dict[str, Any]) -> float:
@@ -128,7 +188,8 @@ def _naive_swa(m: dict[str, Any]) -> float:
 def table(result: dict[str, Any]) -> str:
     head = (
         f"{'mode':<6} {'hit':>6} {'ideal':>6} {'ttft_mean_s':>11} {'ttft_p50_s':>10} "
-        f"{'held_MB':>8} {'swa_MB':>7} {'swa_fullkv_MB':>13} {'state_MB':>8}"
+        f"{'held_MB':>8} {'swa_MB':>7} {'swa_fullkv_MB':>13} {'state_MB':>8} "
+        f"{'tree_MB':>7} {'tree_fullkv_MB':>14}"
     )
     lines = [head, "-" * len(head)]
     for mode, m in result["modes"].items():
@@ -138,7 +199,9 @@ def table(result: dict[str, Any]) -> str:
             f"{m['ttft_mean_s']:>11.3f} {m['ttft_p50_s']:>10.3f} "
             f"{m.get('mean_bytes_held', 0) * mb:>8.2f} {m.get('mean_swa_kv_bytes', 0) * mb:>7.2f} "
             f"{max(0.0, _naive_swa(m)) * mb:>13.2f} "
-            f"{m.get('mean_state_bytes', 0) * mb:>8.2f}"
+            f"{m.get('mean_state_bytes', 0) * mb:>8.2f} "
+            f"{m.get('tree_kv_bytes', 0) * mb:>7.2f} "
+            f"{m.get('tree_bytes_if_full_kv', 0) * mb:>14.2f}"
         )
     return "\n".join(lines)
 
@@ -158,7 +221,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--num-slots", type=int, default=16384)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", help="model and KV dtype (as --dtype)")
     p.add_argument("--json", default=None, help="also write the full result here")
+    p.add_argument(
+        "--sizes", action="store_true", help="print the default pool sizes only (no model run)"
+    )
     return p
 
 
@@ -166,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.model is None:
         raise SystemExit("--model DIR is required (see scripts/hybrid_ckpt.py)")
+    if args.sizes:
+        from radixkv.model.embedded import resolve_model
+        from radixkv.model.loader import load_config
+
+        print(sizes_table(load_config(resolve_model(args.model)).pool_spec()))
+        return 0
     result = run(args)
     print(table(result))
     if args.json:

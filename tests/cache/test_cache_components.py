@@ -71,6 +71,10 @@ class Driver:
         self.next_ckpt = 2_000_000
         self.handles: list[tuple[Any, Hashable | None, tuple[int, ...]]] = []
         self.corpus: list[tuple[int, ...]] = []
+        # Per-component pool census: every id the driver handed out is the tree's or was
+        # given back (by an insert's refusals or an eviction) exactly once.
+        self.issued: dict[str, set[int]] = {"full": set(), "swa": set(), "ckpt": set()}
+        self.back: dict[str, Counter[int]] = {k: Counter() for k in self.issued}
 
     def query(self) -> tuple[Hashable | None, tuple[int, ...]]:
         rng = self.rng
@@ -142,6 +146,15 @@ class Driver:
         assert set(out.swa_free.tolist()) == free and len(out.swa_free) == len(free)
         assert set(out.checkpoints_rejected) == rejected
         self.corpus.append(toks)
+        end = n - n % p  # the caller keeps (and frees) its duplicates and the partial page
+        if self.comp.full:
+            self.issued["full"].update(full[owned:])
+            self.back["full"].update(full[owned:cached] + full[end:])
+        if self.comp.swa_window is not None:
+            self.issued["swa"].update(s for s in swa[owned:] if s >= 0)
+            self.back["swa"].update(out.swa_free.tolist() + [s for s in swa[end:] if s >= 0])
+        self.issued["ckpt"].update(c for _, c in ckpts)
+        self.back["ckpt"].update(out.checkpoints_rejected)
 
     def do_evict(self) -> None:
         rng = self.rng
@@ -152,6 +165,9 @@ class Driver:
         freed = self.cache.evict(want_full, want_swa, want_ck)
         after = actual_pages(self.cache)
         self.check_eviction(before, after, freed)
+        self.back["full"].update(freed.full.tolist())
+        self.back["swa"].update(freed.swa.tolist())
+        self.back["ckpt"].update(freed.checkpoints)
         got_full, got_swa, got_ck = len(freed.full), len(freed.swa), len(freed.checkpoints)
         if got_full < want_full:
             assert self.cache.evictable_size == 0
@@ -203,6 +219,24 @@ class Driver:
             assert self.cache.swa_size == live
         ck = sum(1 for pg in self.ref.pages.values() if pg.ckpt >= 0)
         assert self.cache.checkpoint_count == ck
+        self.check_census()
+
+    def check_census(self) -> None:
+        """free + cached == issued in every component pool, nothing given back twice, nothing
+        both given back and still cached (no handle is held across steps: held == 0)."""
+        nodes = [node for _, node in self.cache.iter_nodes()]
+        cached = {
+            "full": [int(s) for n in nodes for s in n.slots] if self.comp.full else [],
+            "swa": [int(s) for n in nodes if n.swa is not None for s in n.swa if s >= 0],
+            "ckpt": [n.ckpt for n in nodes if n.ckpt >= 0],
+        }
+        for name, issued in self.issued.items():
+            back = self.back[name]
+            assert all(c == 1 for c in back.values()), f"{name}: an id came back twice"
+            held = Counter(cached[name])
+            assert all(c == 1 for c in held.values()), f"{name}: an id cached twice"
+            assert not set(back) & set(held), f"{name}: an id given back is still cached"
+            assert set(back) | set(held) == issued, f"{name}: free + cached != pool"
 
 
 @settings(max_examples=40, deadline=None)
@@ -303,3 +337,19 @@ def test_full_eviction_is_page_granular_like_the_plain_tree() -> None:
     assert m.length == 0 and m.shared_length == 8  # no checkpoint left to resume from
     c.check_integrity()
     assert c.evictable_size == 8 and c.swa_size == 8
+
+
+def test_trim_frees_page_by_page_furthest_back_first() -> None:
+    """SWA pressure frees only the pages asked for, the furthest from the kept boundary first:
+    a boundary inside the cached chain keeps its window as long as the pages it needs live."""
+    c = HybridCache(page_size=2, components=["full", "swa:4"])
+    toks = list(range(12))
+    c.insert(toks[:6], list(range(6)), list(range(100, 106)))  # a chunk commit: two nodes
+    c.insert(toks, list(range(12)), list(range(100, 112)), owned_from=6)
+    assert sorted(c.evict(swa_slots=1).swa.tolist()) == [100, 101]  # one page, the first
+    assert c.match([*toks[:9], 99]).length == 8  # window [4, 8) still live
+    assert sorted(c.evict(swa_slots=3).swa.tolist()) == [102, 103, 104, 105]
+    assert c.match([*toks[:9], 99]).length == 0  # now its window is gone
+    assert c.match(toks).length == 12  # the leaf's own window is never trimmed
+    assert c.swa_size == 6 and c.evictable_size == 12
+    c.check_integrity()

@@ -185,29 +185,46 @@ def test_hybrid_config_errors_are_clear() -> None:
         hybrid_engine(KINDS["swa-only"], enable_hierarchical_cache=True)
 
 
+@pytest.mark.parametrize("kinds", ["full+swa+state", "swa-only", "full+state"])
 @pytest.mark.parametrize("cache_off", [False, True])
-def test_hybrid_n_choices_are_admitted_not_forked(cache_off: bool) -> None:
-    """n > 1 on a hybrid model: the choices do not fork (their SWA pages and working state would
-    need copies); they are admitted like any request and equal the reference."""
-    engine, lm = hybrid_engine(
-        KINDS["full+swa+state"],
-        page_size=4,
-        disable_radix_cache=cache_off,
-        state_checkpoint_interval=8,
-    )
-    rng = random.Random(7)
-    prompt = [rng.randrange(38) for _ in range(30)]
-    sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3)
-    rid = engine.add_request(prompt, sp)
-    out: dict[int, list[int]] = {0: [], 1: [], 2: []}
-    while engine.has_unfinished():
-        for d in engine.step():
-            assert d.request_id == rid
-            out[d.index].extend(d.new_token_ids)
+@pytest.mark.parametrize("plen", [30, 33])
+def test_hybrid_n_choices_fork_from_one_prefill(kinds: str, cache_off: bool, plen: int) -> None:
+    """n > 1 on a hybrid model: the prompt is computed once and the other choices fork from it
+    (the parent's SWA K/V and working state copied); greedy choices equal the reference, sampled
+    ones equal the same choices admitted one by one (no fork: one running request at a time)."""
+    rng = random.Random(plen)
+    prompt = [rng.randrange(38) for _ in range(plen)]  # past the window of 8; a partial page
+    outs = {}
+    for forking in (True, False):
+        engine, lm = hybrid_engine(
+            KINDS[kinds],
+            page_size=4,
+            disable_radix_cache=cache_off,
+            state_checkpoint_interval=8,
+            chunked_prefill_size=16,
+            max_running_requests=4 if forking else 1,
+        )
+        got: dict[tuple[int, int], list[int]] = {}
+        for sp in (
+            SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, n=3),
+            SamplingParams(max_tokens=5, temperature=2.0, ignore_eos=True, n=3, seed=5),
+        ):
+            rid = engine.add_request(prompt, sp)
+            while engine.has_unfinished():
+                for d in engine.step():
+                    assert d.request_id == rid
+                    got.setdefault((sp.n if sp.greedy else 4, d.index), []).extend(d.new_token_ids)
+                engine.check_memory()
+        want = reference_greedy_hybrid(lm, prompt, 5)
+        assert [got[(3, i)] for i in range(3)] == [want] * 3
+        forked = engine.metrics().forked_choices_total
+        assert forked == (4 if forking else 0)
+        if forking:  # the prompt was computed once per request, not once per choice
+            assert engine.scheduler.prefill_tokens_total <= 2 * plen
+        engine.flush_cache()
         engine.check_memory()
-    want = reference_greedy_hybrid(lm, prompt, 5)
-    assert [out[i] for i in range(3)] == [want] * 3
-    assert engine.metrics().forked_choices_total == 0
+        outs[forking] = got
+    assert outs[True] == outs[False]
 
 
 @pytest.mark.parametrize("shared", [40, 130, 300])
@@ -247,3 +264,34 @@ def test_next_turn_resumes_at_the_previous_prompt_end() -> None:
     engine.check_memory()
     assert out.cached_tokens == 48
     assert out.output_token_ids == reference_greedy_hybrid(lm, turn2, 3)
+
+
+@pytest.mark.parametrize("window,chunk,ps", [(32, 16, 4), (16, 8, 2)])
+def test_part_of_a_conversation_resumes_at_the_least_swa_pool(
+    window: int, chunk: int, ps: int
+) -> None:
+    """At the least SWA pool (window + one chunk + 2 pages) a prompt sharing ~1.2 windows of an
+    earlier ~1.4-window one resumes past the window: trimming under pressure frees the SWA
+    pages furthest back first and only as many as asked, so the window before the shared
+    part survives (it used to tombstone every out-of-window page of the chain at once)."""
+    engine, lm = hybrid_engine(
+        ("full", "swa"),
+        window=window,
+        page_size=ps,
+        chunked_prefill_size=chunk,
+        swa_num_slots=window + chunk + 2 * ps,
+        max_running_requests=2,
+    )
+    rng = random.Random(window)
+    sp = SamplingParams(max_tokens=window // 16 + 2, temperature=0.0, ignore_eos=True)
+    short = [[rng.randrange(38) for _ in range(5)], [rng.randrange(38) for _ in range(9)]]
+    long_a = [rng.randrange(38) for _ in range(window * 11 // 8)]
+    shared = window * 19 // 16
+    long_b = long_a[:shared] + [rng.randrange(38) for _ in range(5)]
+    cached = []
+    for prompt in [*short, long_a, long_b]:
+        (out,) = engine.generate([prompt], sp)
+        engine.check_memory()
+        assert out.output_token_ids == reference_greedy_hybrid(lm, prompt, sp.max_tokens)
+        cached.append(out.cached_tokens)
+    assert cached[3] == shared // ps * ps > window

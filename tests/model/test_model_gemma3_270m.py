@@ -138,8 +138,10 @@ def _hf_greedy(hf: Any, prompt: list[int], n: int) -> tuple[list[int], list[torc
 @pytest.mark.slow
 def test_engine_greedy_and_logprobs_equal_transformers(gemma_dir: Path) -> None:
     """Through the engine with the radix cache on and an SWA pool smaller than the FULL one:
-    a chat prompt, a raw one, a prompt of ~850 tokens (past the window), and one sharing its
-    first 700 tokens, which must come from the cache (SWA KV kept for the window before it)."""
+    a chat prompt, a raw one, a prompt of ~770 tokens (past the window), and one sharing its
+    first 600 tokens, which must come from the cache although the SWA pool, at its least (window
+    + one chunk + 2 pages), had to drop out-of-window SWA KV of what the tree keeps: trimming
+    frees the pages furthest back first, so the window before token 592 survives."""
     from transformers import AutoModelForCausalLM
 
     from radixkv.engine.engine import Engine
@@ -151,15 +153,15 @@ def test_engine_greedy_and_logprobs_equal_transformers(gemma_dir: Path) -> None:
         dtype="float32",
         page_size=16,
         num_slots=4096,
-        swa_num_slots=1024,
+        swa_num_slots=WINDOW + 256 + 2 * 16,
         chunked_prefill_size=256,
         max_running_requests=2,
     )
     assert engine.lm.path == gemma_dir
     tok = engine.tokenizer
-    long_a = [2, *tok.encode(_long_text(60, "the old"))]
-    long_b = long_a[:700] + tok.encode(" Other notes: the harbor has boats.")
-    assert len(long_a) > WINDOW + 256 and long_a[700:] != long_b[700:]
+    long_a = [2, *tok.encode(_long_text(50, "the old"))]
+    long_b = long_a[:600] + tok.encode(" Other notes: the harbor has boats.")
+    assert len(long_a) > WINDOW + 256 and long_a[600:] != long_b[600:]
     prompts = [tok.apply_chat_template(QUESTION), [2, *tok.encode("The capital of France is")]]
     prompts += [long_a, long_b]
     hf = AutoModelForCausalLM.from_pretrained(gemma_dir, dtype=torch.float32).eval()
@@ -179,5 +181,7 @@ def test_engine_greedy_and_logprobs_equal_transformers(gemma_dir: Path) -> None:
                 assert abs(tlp - float(ref[i][tid])) < 2e-3, (len(prompt), i, tid)
         cached.append(out.cached_tokens)
         texts.append(tok.decode(out.output_token_ids))
-    assert cached[3] >= 688  # whole 16-token pages of the shared 700, well past the window
+    assert cached[3] >= 592  # whole 16-token pages of the shared 600, past the window
+    pools = engine.metrics().component_pools
+    assert pools["swa"]["cached"] < pools["full"]["cached"]  # SWA KV dropped outside windows
     assert "France" in texts[1]  # " the capital of the country of France. It is ..."

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from engine_toy_hybrid import ToyHybridConfig, ToyHybridLM
 
-from scripts.hybrid import parser, run_lm, table
+from scripts.hybrid import parser, run_lm, sizes_table, table
 
 
 def test_bench_hybrid_runs_both_modes_on_a_toy() -> None:
@@ -47,3 +47,12 @@ def test_bench_hybrid_runs_both_modes_on_a_toy() -> None:
     held_full_kv = radix["mean_bytes_if_swa_kept_full_kv"]
     assert radix["mean_bytes_held"] < held_full_kv
     assert "radix" in table(result)
+
+
+def test_sizes_table_shows_the_demand_sized_swa_pool() -> None:
+    from radixkv.memory.hybrid import PoolSpec
+
+    text = sizes_table(PoolSpec(3, 15, 512, 1, 256))  # Gemma 3 270M's shape
+    rows = {line[:40].split()[0] + " " + line[10:38].strip(): line for line in text.splitlines()}
+    assert rows["bfloat16 defaults"].split()[-1] == "2.12x"  # FULL grows by what SWA leaves
+    assert rows["float32 defaults"].split()[-1] == "1.00x"  # demand above the even split

@@ -8,10 +8,13 @@ votes on the candidate boundaries; the request resumes from the deepest one all 
 Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has no FULL
 layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's end.
 
-Eviction: SWA K/V outside every kept boundary's window first (tombstones; checkpoints whose window
-that breaks are dropped), then checkpoints by policy, then unlocked leaves in policy order through
-the core's page-granular removal (tail pages only while FULL alone is short), freeing every
-component they hold. `FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL
+Eviction: SWA K/V outside every kept boundary's window first, page by page, only as many pages as
+asked and the furthest back first (tombstones; checkpoints whose window that breaks are dropped),
+then checkpoints by policy, then unlocked leaves in policy order through the core's page-granular
+removal (tail pages only while FULL alone is short), freeing every component they hold. When SWA
+is still short after trimming, every leaf holds no more than its own last window, so a victim leaf
+goes whole: cutting its tail would leave no usable boundary in it.
+`FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL
 tokens as in the plain tree; `swa_size` and `checkpoint_count` are the other components' ledgers.
 """
 

@@ -14,6 +14,9 @@ Invariants (checked by `check`):
   request committed a prefill chunk) lose their windows, so a long locked prompt holds about W
   tokens of SWA, not W per chunk. A locked request's resume point is a kept boundary, so
   trimming never breaks a locked window.
+- trimming is page-granular and frees the pages furthest back from a kept boundary first, so
+  under pressure a cached chain keeps one live run ending at its boundary and every boundary
+  inside that run stays reusable.
 """
 
 from __future__ import annotations
@@ -127,14 +130,22 @@ class SwaComponent:
         """A boundary whose window trimming keeps (see the module docstring)."""
         return len(node.children) != 1 or is_lock_end(node)
 
-    def keep_from(self, node: Node) -> int:
-        """First edge-relative position of `node` some kept boundary's window needs (page
-        floored); `node.ntok` when none does. Walks down the pass-through chain below."""
-        below = 0  # tokens from node's end to the nearest kept boundary at or below it
+    def _reach(self, node: Node) -> tuple[int, Node]:
+        """(tokens from `node`'s end down to the nearest kept boundary at or below it, that
+        boundary's node): walks down the pass-through chain below `node`."""
+        below = 0
         n = node
         while not self._kept(n):
             (n,) = n.children.values()
             below += n.ntok
+        return below, n
+
+    def keep_from(self, node: Node) -> int:
+        """First edge-relative position of `node` some kept boundary's window needs (page
+        floored); `node.ntok` when none does."""
+        return self._keep_from(node, self._reach(node)[0])
+
+    def _keep_from(self, node: Node, below: int) -> int:
         cut = node.ntok + below - self.window
         if cut <= 0:
             return 0
@@ -142,24 +153,38 @@ class SwaComponent:
         return cut - cut % self.page_size
 
     def trim(self, want: int, out: list[SlotArray]) -> int:
-        """Tombstone K/V outside every kept boundary's window, least valuable nodes first
-        (policy order), until `want` slots are freed (appended to `out`); returns how many.
-        O(n log n) in the nodes holding SWA; runs only when the SWA pool is short."""
+        """Tombstone K/V outside every kept boundary's window, page by page, until `want`
+        slots are freed (at most one page more; appended to `out`); returns how many.
+
+        Order: a pass-through chain and the kept boundary ending it form one group; groups go
+        in the policy order of their kept node (least valuable first), and inside a group the
+        pages furthest from the boundary go first. So what stays live of a chain is one run
+        ending at its kept boundary, and every boundary inside that run whose window it covers
+        stays reusable (a prompt sharing only part of a cached conversation still resumes
+        past the window). O(n log n) in the nodes holding SWA; runs only when the pool is
+        short."""
+        cands: list[tuple[Any, int, int, int, Node]] = []
+        for node in self.nodes.values():
+            below, bottom = self._reach(node)
+            keep = self._keep_from(node, below)
+            if keep > 0:
+                cands.append((self._key(bottom), id(bottom), node.depth, keep, node))
+        cands.sort(key=lambda c: c[:3])
         got = 0
-        for node in sorted(self.nodes.values(), key=self._key):
+        ps = self.page_size
+        for _, _, _, keep, node in cands:
             if got >= want:
                 break
             assert node.swa is not None
-            keep = self.keep_from(node)
-            head = node.swa[:keep]
-            live = head[head >= 0]
-            if len(live):
-                out.append(live.copy())
+            live = np.flatnonzero(node.swa[:keep] >= 0)  # whole pages (tombstones are)
+            take = live[: -(-(want - got) // ps) * ps]
+            if len(take):
+                out.append(node.swa[take].copy())
                 new = node.swa.copy()
-                new[:keep] = TOMBSTONE
+                new[take] = TOMBSTONE
                 new.flags.writeable = False
                 node.swa = new
-                got += len(live)
+                got += len(take)
                 self._track(node)
         self.size -= got
         return got

@@ -109,7 +109,9 @@ class CacheConfig(Section):
     # Hybrid models (SWA / STATE components; ignored otherwise).
     swa_num_slots: int | None = opt(
         None,
-        "hybrid: SWA KV pool in tokens (default: same as the full-attention pool)",
+        "hybrid: SWA KV pool in tokens (default: each running request's window + 2 pages, one "
+        "prefill chunk, and the windows + a page of max(4, max-running/4) cached prefixes; at "
+        "most the full pool, whose share of --kv-cache-mb grows by what SWA does not take)",
         flag="--swa-slots",
         type=int,
         min=1,

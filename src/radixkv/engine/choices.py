@@ -4,7 +4,10 @@ A request with n choices enters the scheduler as choice 0 only; choices 1..n-1 w
 step where choice 0's prompt is fully computed, each waiting choice forks from it
 (`KVManager.fork`): it shares the cache-owned whole pages through the tree lock, gets its own
 copy of the parent's remaining computed K/V (the partial tail page; the whole prompt when the
-prefix cache is off), and samples its first token from the parent's last logits row. So the
+prefix cache is off), and samples its first token from the parent's last logits row. A hybrid
+model's choice also reads the parent's SWA window through the tree, gets copies of the parent's
+own SWA K/V, and a copy of its working recurrent state (copy-on-write: the parent's slots are
+never written by the child). So the
 prompt is computed once and no choice recomputes a single prompt position. A choice that cannot
 fork (no free row or pages) falls back to the waiting queue, where it is admitted like any
 request (reusing the cached prefix, or recomputing it when the cache is off).
@@ -90,13 +93,7 @@ def make_group(
 
 def copy_kv(engine: Engine, src: object, dst: object) -> None:
     """Copy K/V of slots `src` into slots `dst` in every layer (the fork's own pages)."""
-    src_t = torch.as_tensor(src, dtype=torch.int64, device=engine.pool.k[0].device)
-    dst_t = torch.as_tensor(dst, dtype=torch.int64, device=engine.pool.k[0].device)
-    if src_t.numel() == 0:
-        return
-    for k, v in zip(engine.pool.k, engine.pool.v, strict=True):
-        k.index_copy_(0, dst_t, k.index_select(0, src_t))
-        v.index_copy_(0, dst_t, v.index_select(0, src_t))
+    engine.pool.copy_slots(src, dst)
 
 
 def fork_all(engine: Engine, parent: Request) -> list[Request]:

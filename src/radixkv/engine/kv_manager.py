@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
+from radixkv.engine import hybrid_fork
 from radixkv.engine.components_kv import ComponentMemory
 from radixkv.engine.hybrid_load import load_components
 from radixkv.engine.kv_events import NULL_SINK, EventSink
@@ -221,17 +222,24 @@ class KVManager:
         The cache-owned prefix [0, prefix_len) is shared: the child locks the parent's handle
         again (reference counted) and reads the same slots. The parent's own computed positions
         [prefix_len, kv_len) (the partial tail page; everything when the cache is off) get fresh
-        pages of the child's own. Returns (src, dst) slots whose K/V the caller copies, or None
-        (nothing changed) when no row or pages are free.
+        pages of the child's own. Returns (src, dst) FULL slots whose K/V the caller copies, or
+        None (nothing changed) when no row or pages are free. A hybrid child gets copies of
+        the parent's own SWA K/V and working state here (`engine/hybrid_fork.py`).
         """
-        if self.table.free_rows == 0 or isinstance(self.comp, ComponentMemory):
-            # Hybrid: a fork would also need its own SWA pages and a copy of the working state;
-            # the child is admitted like any request instead (it hits the parent's prefix).
+        if self.table.free_rows == 0:
+            return None
+        # Hybrid: the child also needs its own SWA pages and working state slot (copy-on-write
+        # copies of the parent's, taken first so that a failure below can give them back).
+        comp = self.comp if isinstance(self.comp, ComponentMemory) else None
+        held = hybrid_fork.reserve_fork(comp, parent) if comp is not None else None
+        if comp is not None and held is None:
             return None
         ps = self.page_size
         pre, kv_len = parent.prefix_len, parent.kv_len
         pages = self.alloc(self.allocator.pages_for(kv_len + 1) - pre // ps)
         if pages is None:
+            if comp is not None and held is not None:
+                hybrid_fork.unreserve_fork(comp, held)
             return None
         if parent.handle is not None and self.cache is not None:
             self.cache.lock(parent.handle)
@@ -240,6 +248,8 @@ class KVManager:
         self.table.write(row, pre, self.allocator.page_slots(pages))
         child.row, child.prefix_len, child.kv_len = row, pre, kv_len
         child.handle, child.own_pages = parent.handle, pages
+        if comp is not None and held is not None:
+            hybrid_fork.bind_fork(comp, parent, child, held)
         return (
             self.table.get_numpy(parent.row, pre, kv_len),
             self.table.get_numpy(row, pre, kv_len),

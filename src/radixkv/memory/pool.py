@@ -8,6 +8,7 @@ handed out by `radixkv.memory.allocator`; the pool itself never tracks who owns 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -61,3 +62,14 @@ class KVPool:
         """Store new K/V ([n, kv_heads, head_dim]) at `slots` ([n] int64) of `layer`."""
         self.k[layer].index_copy_(0, slots, k.to(self.config.dtype))
         self.v[layer].index_copy_(0, slots, v.to(self.config.dtype))
+
+    def copy_slots(self, src: Any, dst: Any) -> None:
+        """K/V of slots `src` into slots `dst` in every layer (`dst` must not overlap `src`)."""
+        device = self.k[0].device if self.k else "cpu"
+        src_t = torch.as_tensor(src, dtype=torch.int64, device=device)
+        dst_t = torch.as_tensor(dst, dtype=torch.int64, device=device)
+        if src_t.numel() == 0:
+            return
+        for k, v in zip(self.k, self.v, strict=True):
+            k.index_copy_(0, dst_t, k.index_select(0, src_t))
+            v.index_copy_(0, dst_t, v.index_select(0, src_t))

@@ -2,7 +2,10 @@
 
 A forward groups its requests once (`StateMeta`): one-token requests that continue an existing
 state run together (gather their slots, one batched update, scatter back); every other request
-(a prompt or a multi-token chunk) runs on its own over its token rows. A request with prefix 0
+(a prompt or a multi-token chunk) is a run over its token rows. The convolutions of all runs go
+through one batched conv (`conv_runs`, bit-identical to one run at a time); the gated DeltaNet
+recurrence still walks the runs one by one (its chunked form reduces over the chunk length, so
+padding runs to one shape would change bits). A request with prefix 0
 starts from zeros whatever its slot holds (the engine need not clear working slots).
 """
 
@@ -99,6 +102,31 @@ def conv_decode(
     return conv_taps(full, weight, bias)[:, :, 0], full[:, :, 1:]
 
 
+def conv_runs(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    runs: list[StateRun],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """`conv_extend` of several multi-token runs in one batched conv: each run's K-1 state
+    inputs and new inputs, right-padded with zeros to the longest run, go through one
+    `conv_taps` ([R, C, K-1+T]); outputs past a run's length are dropped. Every output is the
+    same element-wise float32 chain as run alone, so the bits equal the one-run-at-a-time path."""
+    k1 = conv_state.shape[-1]
+    longest = max(r.end - r.start for r in runs)
+    full = x.new_zeros((len(runs), x.shape[1], k1 + longest))
+    for i, run in enumerate(runs):
+        full[i, :, :k1] = read_state(conv_state, run).to(x.dtype)
+        full[i, :, k1 : k1 + run.end - run.start] = x[run.start : run.end].t()
+    y = conv_taps(full, weight, bias)  # [R, C, longest]
+    for i, run in enumerate(runs):
+        t = run.end - run.start
+        out[run.start : run.end] = y[i, :, :t].t()
+        conv_state[run.slot] = full[i, :, t : t + k1]
+
+
 def causal_conv(
     x: torch.Tensor,
     conv_state: torch.Tensor,
@@ -109,10 +137,13 @@ def causal_conv(
     """Depthwise causal conv of every request's new rows of x [T, C], continuing (and updating in
     place) each request's conv state in `conv_state` ([slots, C, K-1], one state layer)."""
     out = torch.empty_like(x)
-    for run in meta.runs:
+    if len(meta.runs) == 1:
+        run = meta.runs[0]
         y, new = conv_extend(x[run.start : run.end], read_state(conv_state, run), weight, bias)
         out[run.start : run.end] = y
         conv_state[run.slot] = new
+    elif meta.runs:
+        conv_runs(x, conv_state, meta.runs, weight, bias, out)
     if meta.decode_rows is not None and meta.decode_slots is not None:
         y, new = conv_decode(
             x.index_select(0, meta.decode_rows),

@@ -1,0 +1,74 @@
+"""Default pool sizes of hybrid models (`engine.setup.hybrid_sizes`): the SWA pool follows the
+window and the running / cached demand, never exceeds the FULL pool, and a byte budget gives FULL
+what SWA does not take; explicit sizes win."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixkv.config import EngineConfig
+from radixkv.engine.setup import hybrid_sizes, swa_demand
+from radixkv.memory.hybrid import PoolSpec, StateLayerSpec, StateTensorSpec
+
+# Gemma 3 270M's shape: 3 global layers, 15 sliding ones (window 512), 1 KV head of 256.
+GEMMA = PoolSpec(3, 15, 512, 1, 256)
+
+
+def naive_demand(window: int, ps: int, running: int, chunk: int) -> int:
+    """The rule as the docs state it, position by position."""
+    pages = lambda n: -(-n // ps) * ps  # noqa: E731
+    per_running = pages(window) + 2 * ps
+    cached_windows = max(4, running // 4)
+    return running * per_running + pages(chunk) + cached_windows * (pages(window) + ps)
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize("running,chunk", [(32, 2048), (2, 256), (8, 512)])
+def test_swa_demand_is_the_stated_rule(ps: int, running: int, chunk: int) -> None:
+    assert swa_demand(512, ps, running, chunk) == naive_demand(512, ps, running, chunk)
+
+
+def test_budget_gives_full_what_swa_does_not_take() -> None:
+    cfg = EngineConfig(page_size=16)
+    full, swa, _ = hybrid_sizes(cfg, GEMMA, torch.bfloat16)
+    full_b, swa_b = GEMMA.kv_bytes_per_token(torch.bfloat16)
+    budget = cfg.cache.kv_cache_bytes
+    even = budget // (full_b + swa_b) // 16 * 16
+    assert swa == swa_demand(512, 16, 32, 2048) < even < full
+    assert full * full_b + swa * swa_b <= budget < (full + 16) * full_b + swa * swa_b
+    assert full > 1.9 * even  # the same 512 MiB hold twice the cacheable tokens
+
+
+def test_demand_beyond_the_even_split_keeps_it() -> None:
+    # float32 doubles every token: 32 running windows no longer fit half the budget.
+    full, swa, _ = hybrid_sizes(EngineConfig(), GEMMA, torch.float32)
+    assert full == swa
+
+
+def test_explicit_sizes_win_and_the_pool_stays_within_bounds() -> None:
+    full, swa, _ = hybrid_sizes(EngineConfig(num_slots=4096, page_size=16), GEMMA, torch.float32)
+    assert (full, swa) == (4096, 4096)  # demand 32 x 544 + ... is above the FULL pool
+    cfg = EngineConfig(
+        num_slots=4096, page_size=16, max_running_requests=2, chunked_prefill_size=256
+    )
+    full, swa, _ = hybrid_sizes(cfg, GEMMA, torch.float32)
+    assert (full, swa) == (4096, swa_demand(512, 16, 2, 256)) and swa < full
+    small = EngineConfig(num_slots=256, page_size=16, chunked_prefill_size=256)
+    assert hybrid_sizes(small, GEMMA, torch.float32)[1] == 512 + 256 + 32  # one request's least
+    explicit = EngineConfig(num_slots=4096, swa_num_slots=2000, chunked_prefill_size=256)
+    assert hybrid_sizes(explicit, GEMMA, torch.float32)[:2] == (4096, 2000)
+    with pytest.raises(ValueError, match="SWA pool"):
+        hybrid_sizes(EngineConfig(swa_num_slots=100), GEMMA, torch.float32)
+
+
+def test_models_without_full_or_swa_keep_their_old_sizes() -> None:
+    all_sliding = PoolSpec(0, 4, 64, 2, 16)
+    cfg = EngineConfig(num_slots=1024, chunked_prefill_size=256)
+    assert hybrid_sizes(cfg, all_sliding, torch.float32)[1] == 1024  # all the KV there is
+    state = StateLayerSpec((StateTensorSpec("h", (8,)),))
+    full_state = PoolSpec(2, 0, None, 2, 16, (state,))
+    assert hybrid_sizes(EngineConfig(num_slots=1024), full_state, torch.float32)[:2] == (
+        1024,
+        1024,
+    )
