@@ -33,6 +33,7 @@ from radixkv.engine.kv_events import NULL_SINK, EventSink
 from radixkv.engine.no_components import NoComponents
 from radixkv.engine.prefetch import PrefetchHold
 from radixkv.engine.request import Request
+from radixkv.engine.tier_load import load_pages
 from radixkv.engine.tier_setup import NoTiers, Tiers
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
@@ -120,35 +121,12 @@ class KVManager:
         self, req: Request, length: int, slots: np.ndarray
     ) -> tuple[int, np.ndarray]:
         """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
-        this allocates device pages, the tiers copy them down, this inserts them into the tree
-        and moves req's lock onto the longer prefix. Returns the new (length, slots)."""
-        if isinstance(self.comp, ComponentMemory):  # every component votes on what L2 holds
+        this allocates device memory, the tiers copy them down, this inserts them into the tree
+        and moves req's lock onto the longer prefix (engine/tier_load.py; hybrid_load.py for a
+        hybrid model, whose every component votes). Returns the new (length, slots)."""
+        if isinstance(self.comp, ComponentMemory):
             return load_components(self, req, length, slots)
-        plan = self.tiers.plan_load(req, length)
-        if plan is None:
-            return length, slots
-        assert self.plain is not None
-        dev_pages = None
-        try:
-            dev_pages = self.alloc(len(plan.host_pages))
-        finally:
-            self.tiers.load(plan, dev_pages)
-        if dev_pages is None:
-            return length, slots
-        new_len = length + len(dev_pages) * self.page_size
-        full = np.concatenate([slots, self.allocator.page_slots(dev_pages)])
-        cached, handle = self.plain.insert(
-            req.tokens[:new_len], full, req.namespace, priority=req.options.priority
-        )
-        if cached != length:  # single-threaded: the locked prefix is exactly what was there
-            raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
-        self.tiers.on_insert(req, full, cached, new_len)
-        self.events.stored(req.tokens, full, length, new_len, req.namespace, length)  # KV events
-        # The tree adopted every slot of `full` ([0, length) were its own already).
-        self.plain.lock(handle)
-        self.unlock(req)
-        req.handle = handle
-        return new_len, full
+        return load_pages(self, req, length, slots)
 
     def hold_for_storage(self, req: Request) -> bool:
         """At arrival, with L3 storage: start fetching the prompt's pages past what L1 and L2

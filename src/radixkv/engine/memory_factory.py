@@ -47,8 +47,6 @@ def build_memory(
     validated `cfg`; raises ValueError for a combination the engine does not serve."""
     mc = lm.config
     spec: PoolSpec | None = setup.hybrid_spec(mc, cfg)
-    if spec is not None and cfg.tiers_enabled:
-        raise ValueError("host/storage cache tiers are not supported for hybrid models yet")
     page_size = cfg.cache.page_size
     pools: ModelPools | None = None
     if spec is None:
