@@ -14,6 +14,13 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{1000 * v:.0f}"
 
 
+def error_line(text: str) -> str:
+    """The last non-empty line of a mode's error (the server's own message when it refused)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else "no rounds"
+    return last.split(" ERROR ", 1)[-1][-200:]
+
+
 def _finished(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {k: m for k, m in results["modes"].items() if m.get("rounds")}
 
@@ -48,7 +55,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     lines = [head]
     for name, m in results["modes"].items():
         if not m.get("summary"):
-            lines.append(f"{name:<9} failed: {m.get('error', 'no rounds')[-200:]!r}")
+            lines.append(f"{name:<9} failed: {error_line(m.get('error', ''))}")
             continue
         s, rows = m["summary"], m["rounds"]
         a, b = s["last_rounds"]
@@ -141,7 +148,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for name, m in results["modes"].items():
         if not m.get("summary"):
-            out.append(f"| {name} | failed: {m.get('error', '')[-120:].strip()} |||||||")
+            out.append(f"| {name} | failed: {error_line(m.get('error', ''))} |||||||")
             continue
         s, rows = m["summary"], m["rounds"]
         hits = [
