@@ -139,11 +139,13 @@ def run_mode(
     with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as l3:
         flags = mode_flags(mode, args, slots, l3)
         log = log_dir / f"serve-{mode.replace('+', '_')}.log"
-        out: dict[str, Any] = {"num_slots": slots, "server_flags": flags, "log": log.name}
+        shown = [f.replace(l3, "<tmp L3 dir>") for f in flags]  # no machine paths in reports
+        out: dict[str, Any] = {"num_slots": slots, "server_flags": shown, "log": log.name}
         print(f"{mode}: L1 {slots} slots, starting the server ...", file=sys.stderr, flush=True)
         try:
             with LocalServer(args.model, flags, log_path=log) as srv:
                 out["server"] = srv.describe()
+                out["server"]["command"] = out["server"]["command"].replace(l3, "<tmp L3 dir>")
                 out["dtype"] = served_dtype(log)
                 model = _get(srv.url, "/v1/models")["data"][0]["id"]
                 _warmup(srv.url, model, args)
