@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import re
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -121,7 +123,11 @@ def _warmup(url: str, model: str, args: argparse.Namespace) -> None:
 
 
 def run_mode(
-    mode: str, args: argparse.Namespace, rounds: list[list[list[int]]], log_dir: Path
+    mode: str,
+    args: argparse.Namespace,
+    rounds: list[list[list[int]]],
+    log_dir: Path,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One server, every round; the rows, the summary and the server's final tier stats, or the
     error that stopped it."""
@@ -133,11 +139,13 @@ def run_mode(
     with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as l3:
         flags = mode_flags(mode, args, slots, l3)
         log = log_dir / f"serve-{mode.replace('+', '_')}.log"
-        out: dict[str, Any] = {"num_slots": slots, "server_flags": flags, "log": log.name}
+        shown = [f.replace(l3, "<tmp L3 dir>") for f in flags]  # no machine paths in reports
+        out: dict[str, Any] = {"num_slots": slots, "server_flags": shown, "log": log.name}
         print(f"{mode}: L1 {slots} slots, starting the server ...", file=sys.stderr, flush=True)
         try:
             with LocalServer(args.model, flags, log_path=log) as srv:
                 out["server"] = srv.describe()
+                out["server"]["command"] = out["server"]["command"].replace(l3, "<tmp L3 dir>")
                 out["dtype"] = served_dtype(log)
                 model = _get(srv.url, "/v1/models")["data"][0]["id"]
                 _warmup(srv.url, model, args)
@@ -152,6 +160,8 @@ def run_mode(
                         mt.round_record(r, run.results, run.wall_s, ideal[r - 1], sent, tiers)
                     )
                     _progress(mode, rows[-1])
+                    if save is not None:  # the rounds so far, should the run be cut short
+                        save({**out, "rounds": rows, "summary": mt.mode_summary(rows)})
                 stats = _get(srv.url, "/cache/stats")
         except Exception as exc:  # a refused start or a dead server: reported, the run goes on
             out["error"] = str(exc)[-1500:]
@@ -241,14 +251,22 @@ def main(args: argparse.Namespace) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="radixkv-bench-tiers-") as tmp:
         log_dir = Path(args.log_dir or tmp)
-        for mode in modes:
-            results["modes"][mode] = run_mode(mode, args, rounds, log_dir)
+
+        def save(mode: str, partial: dict[str, Any] | None = None) -> None:
+            if partial is not None:
+                results["modes"][mode] = {**partial, "partial": True}
             results["speedup_vs_L1"] = mt.speedups(results["modes"])
             results["dtype"] = next(
                 (m["dtype"] for m in results["modes"].values() if m.get("dtype")), None
             )
-            if args.json:  # after every mode: an interrupted run keeps what it measured
+            if args.json:  # after every round: an interrupted run keeps what it measured
                 mt.write_json(results, args.json)
+
+        for mode in modes:
+            results["modes"][mode] = run_mode(
+                mode, args, rounds, log_dir, functools.partial(save, mode)
+            )
+            save(mode)
         if not args.skip_restart:
             try:
                 results["restart"] = restart_ttft(args, log_dir)

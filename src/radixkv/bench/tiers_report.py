@@ -14,8 +14,27 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{1000 * v:.0f}"
 
 
+def error_line(text: str) -> str:
+    """The last non-empty line of a mode's error (the server's own message when it refused)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else "no rounds"
+    return last.split(" ERROR ", 1)[-1][-200:]
+
+
 def _finished(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {k: m for k, m in results["modes"].items() if m.get("rounds")}
+
+
+def _longest(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = max((m["rounds"] for m in modes.values()), key=len)
+    return rows
+
+
+def _cell(rows: list[dict[str, Any]], i: int) -> str:
+    """One mode's round i as "hit, tok/s" ("-" past the rounds a partial mode measured)."""
+    if i >= len(rows):
+        return "-"
+    return f"{_pct(rows[i]['token_hit_rate'])}, {rows[i]['effective_input_tok_per_s']:,.0f}"
 
 
 def round_lines(results: dict[str, Any]) -> list[str]:
@@ -26,13 +45,10 @@ def round_lines(results: dict[str, Any]) -> list[str]:
     head = f"{'round':>5} {'prompt tok':>10} {'ideal':>6}"
     head += "".join(f" | {name + ' hit, tok/s':>24}" for name in modes)
     lines = [head]
-    first = next(iter(modes.values()))["rounds"]
-    for i, row in enumerate(first):
+    for i, row in enumerate(_longest(modes)):
         line = f"{row['round']:>5} {row['sent_prompt_tokens']:>10} {_pct(row['ideal_hit_rate']):>6}"
         for m in modes.values():
-            r = m["rounds"][i]
-            cell = f"{_pct(r['token_hit_rate'])}, {r['effective_input_tok_per_s']:.0f}"
-            line += f" | {cell:>24}"
+            line += f" | {_cell(m['rounds'], i):>24}"
         lines.append(line)
     return lines
 
@@ -48,7 +64,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     lines = [head]
     for name, m in results["modes"].items():
         if not m.get("summary"):
-            lines.append(f"{name:<9} failed: {m.get('error', 'no rounds')[-200:]!r}")
+            lines.append(f"{name:<9} failed: {error_line(m.get('error', ''))}")
             continue
         s, rows = m["summary"], m["rounds"]
         a, b = s["last_rounds"]
@@ -111,7 +127,7 @@ def plot_rounds(results: dict[str, Any], path: str) -> None:
         ax_hit.plot(xs, [100 * r["token_hit_rate"] for r in m["rounds"]], "o-", label=name)
         ax_tput.plot(xs, [r["effective_input_tok_per_s"] for r in m["rounds"]], "o-", label=name)
     if modes:
-        rows = next(iter(modes.values()))["rounds"]
+        rows = _longest(modes)
         xs = [r["round"] for r in rows]
         ax_hit.plot(xs, [100 * r["ideal_hit_rate"] for r in rows], "k--", label="ideal")
     sh = results["shape"]
@@ -141,7 +157,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for name, m in results["modes"].items():
         if not m.get("summary"):
-            out.append(f"| {name} | failed: {m.get('error', '')[-120:].strip()} |||||||")
+            out.append(f"| {name} | failed: {error_line(m.get('error', ''))} |||||||")
             continue
         s, rows = m["summary"], m["rounds"]
         hits = [
@@ -161,13 +177,8 @@ def markdown(results: dict[str, Any]) -> str:
     if modes:
         out += ["", "| round | ideal | " + " | ".join(modes) + " |"]
         out.append("|---" * (2 + len(modes)) + "|")
-        first = next(iter(modes.values()))["rounds"]
-        for i, row in enumerate(first):
-            cells = [
-                f"{_pct(m['rounds'][i]['token_hit_rate'])}, "
-                f"{m['rounds'][i]['effective_input_tok_per_s']:,.0f} tok/s"
-                for m in modes.values()
-            ]
+        for i, row in enumerate(_longest(modes)):
+            cells = [_cell(m["rounds"], i) for m in modes.values()]
             out.append(
                 f"| {row['round']} | {_pct(row['ideal_hit_rate'])} | " + " | ".join(cells) + " |"
             )

@@ -168,7 +168,8 @@ class CacheConfig(Section):
     )
     hicache_prefetch_timeout_s: float = opt(
         2.0,
-        "seconds a request waits for L3 at most under the timeout and cost_aware policies",
+        "seconds a request waits for L3 at most under the timeout policy (and under cost_aware "
+        "until the prefill speed is measured; then the predicted recompute time bounds it)",
         flag="--hicache-prefetch-timeout",
         positive=True,
         group=_TIERS,

@@ -15,13 +15,14 @@ never held. For the pages past them, SGLang's policies keep their meaning:
       recompute(N tok.)  = prefill steps × step overhead + N / prefill speed
                            (the engine's measured prefill steps, chunked as the scheduler does)
 
-  wait iff the backend is healthy and load < min(recompute, timeout), for at most
-  min(recompute, timeout): once a fetch has taken as long as recomputing would have, waiting
+  wait iff the backend is healthy and load < recompute, for at most recompute (and never past
+  WAIT_COMPLETE_CAP_S): once a fetch has taken as long as recomputing would have, waiting
   longer no longer pays, so a wrong estimate costs at most the recompute time again. An
   unhealthy backend (in backoff after an error) or a slower one is not waited for: the request
   recomputes, and the fetch still runs in the background (best effort) for later requests and
   to keep measuring. Before the first measurement (a fresh server), the request waits, bounded
-  the same way: its own fetch measures the backend. Round trips that only missed measure the
+  by `--hicache-prefetch-timeout` (and the recompute, once measured): its own fetch measures
+  the backend. Round trips that only missed measure the
   latency alone; the load they predict is a lower bound, already enough to say "slower".
 
 Each estimate is a line y = a + b*x fitted by exponentially weighted least squares
@@ -182,7 +183,10 @@ class PrefetchPolicy:
         recompute = self.predict_recompute(pages * page_size)
         if not healthy:
             return Decision(False, 0.0, "unhealthy", load, recompute)
-        bound = self.timeout_s if recompute is None else min(self.timeout_s, recompute)
+        # Measured, the wait is bounded by the predicted recompute (past it, waiting no longer
+        # pays), not by the fixed timeout: on a slow prefill (a loaded CPU) a 7 s load beats a
+        # 46 s recompute, and a 2 s cap would recompute it. The timeout bounds a fresh server.
+        bound = self.timeout_s if recompute is None else min(WAIT_COMPLETE_CAP_S, recompute)
         if load is not None and load >= bound:  # even a lower bound of the load: no gain
             return Decision(False, 0.0, "slower", load, recompute)
         if load is None or not bandwidth_known or recompute is None:
