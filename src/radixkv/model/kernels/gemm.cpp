@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "gemm_amx.h"
 #include "gemm_core.h"
 
 namespace {
@@ -76,6 +77,14 @@ bool gemm_f32_supported() {
 #endif
 }
 
+bool gemm_bf16_amx() {
+#if defined(RADIXKV_AMX)
+  return radixkv_amx::enabled();
+#else
+  return false;
+#endif
+}
+
 bool gemm_bf16_supported() {
 #if defined(__AVX512BF16__)
   return true;
@@ -117,6 +126,15 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
 #if defined(__AVX512BF16__)
     check(x, packed, n, bias, torch::kBFloat16);
     TORCH_CHECK(k % 2 == 0, "bf16 gemm needs an even number of in features");
+#if defined(RADIXKV_AMX)
+    if (k % 32 == 0 && radixkv_amx::enabled()) {  // per weight (its K), never per call
+      radixkv_amx::gemm(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k,
+                        reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n,
+                        bp, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()),
+                        AtenFor{});
+      return out;
+    }
+#endif
     radixkv_gemm::run<BF16Ops, uint16_t>(
         blocking(m_rows), reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k / 2,
         reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n, bp,
