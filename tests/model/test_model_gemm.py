@@ -97,3 +97,19 @@ def test_packed_linear_without_the_kernel(monkeypatch: pytest.MonkeyPatch) -> No
     assert not plain.invariant and not plain.packed
     x64 = torch.randn(3, 8, dtype=torch.float64)
     torch.testing.assert_close(plain(x64), F.linear(x64, w64))
+
+
+def test_bfloat16_takes_amx_tiles_where_the_cpu_has_them() -> None:
+    """On a CPU with AMX (amx_bf16 in /proc/cpuinfo) bfloat16 products whose K is a multiple of
+    32 run on AMX tiles (about 8x the AVX-512 kernel at prefill sizes): a build or a permission
+    request that silently lost them would fail here."""
+    from pathlib import Path
+
+    from radixkv.model.kernels import cpu_kernels
+
+    info = Path("/proc/cpuinfo")
+    flags = info.read_text().split() if info.exists() else []
+    module = cpu_kernels()
+    if module is None or "amx_bf16" not in flags or "avx512_bf16" not in flags:
+        pytest.skip("no AMX (amx_bf16) on this CPU, or no kernels")
+    assert module.gemm_bf16_amx()

@@ -115,10 +115,11 @@ def test_decode_rows_do_not_depend_on_their_batch(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "k"), [(960, 576), (33, 18), (49, 1536)])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (33, 18), (49, 1536), (70, 514)])
 def test_gemm_rows_do_not_depend_on_the_row_count(dtype: torch.dtype, n: int, k: int) -> None:
     """Every prefix and suffix of a 300-row product, and single rows, equal the whole
-    product's rows bit for bit (row tiles of 1-8, row blocks of 96, K blocks, padded N)."""
+    product's rows bit for bit (row tiles of 1-8, row blocks of 96, K blocks with a 2-value
+    tail (514 = 2 x 256 + 2), padded N)."""
     from radixkv.model.kernels import gemm
 
     mod = gemm(dtype)
@@ -133,3 +134,30 @@ def test_gemm_rows_do_not_depend_on_the_row_count(dtype: torch.dtype, n: int, k:
     for rows in (1, 2, 7, 8, 9, 16, 17, 95, 97, 200):
         assert torch.equal(mod.gemm(x[:rows].contiguous(), packed, n, bias), whole[:rows])
         assert torch.equal(mod.gemm(x[-rows:].contiguous(), packed, n, bias), whole[-rows:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [300, 576])  # bf16 on AMX: K = 576 takes the tile kernel
+def test_gemm_rows_do_not_depend_on_the_threads(dtype: torch.dtype, k: int) -> None:
+    """One thread and two split the output panels differently (and a 3-row product takes wider
+    tiles than a 300-row one): the same bits."""
+    from radixkv.model.kernels import gemm
+
+    mod = gemm(dtype)
+    if mod is None:
+        pytest.skip(f"no GEMM kernel for {dtype} on this CPU")
+    g = torch.Generator().manual_seed(7)
+    n = 200
+    w = torch.randn(n, k, generator=g).to(dtype)
+    packed = mod.gemm_pack(w)
+    x = torch.randn(300, k, generator=g).to(dtype)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(mod.gemm(x, packed, n, None))
+            assert torch.equal(mod.gemm(x[:3].contiguous(), packed, n, None), results[-1][:3])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1])

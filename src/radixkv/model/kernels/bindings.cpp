@@ -11,6 +11,7 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                                double scale);
 bool gemm_f32_supported();
 bool gemm_bf16_supported();
+bool gemm_bf16_amx();
 torch::Tensor gemm_pack(torch::Tensor w);
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
                    c10::optional<torch::Tensor> bias);
@@ -29,6 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope, "Rotary embedding per half, [T, H, D] with cos/sin [T, D]");
   m.def("gemm_f32_supported", &gemm_f32_supported);
   m.def("gemm_bf16_supported", &gemm_bf16_supported);
+  m.def("gemm_bf16_amx", &gemm_bf16_amx);
   m.def("gemm_pack", &gemm_pack, "Repack W [N, K] for gemm (N padded to 16)");
   m.def("gemm", &gemm, "x [M, K] @ packed W^T (+ f32 bias), row-invariant reduction order");
 }
