@@ -8,8 +8,10 @@
 // Thinking Machines' "Defeating Nondeterminism in LLM Inference"), for decode steps and prefill
 // chunks alike.
 //
-// Why bfloat16 also runs f32 FMAs rather than VDPBF16PS: on the CPUs measured here (AVX-512 BF16,
-// no AMX) a VDPBF16PS retires at about a quarter of the FMA rate, so the two FMAs it replaces are
+// On CPUs with AMX, bfloat16 weights whose K is a multiple of 32 take the tile kernel instead
+// (gemm_amx.h: row-invariant too, other bits; chosen per weight, never per call).
+// Why bfloat16 otherwise runs f32 FMAs rather than VDPBF16PS: on AVX-512 BF16 CPUs without AMX
+// a VDPBF16PS retires at about a quarter of the FMA rate, so the two FMAs it replaces are
 // faster; widening a bf16 weight pair costs two cheap integer ops per 16 outputs, shared by every
 // row of the tile. Measured at 1,152 rows: 2x the VDPBF16PS kernel (docs/determinism.md).
 //
