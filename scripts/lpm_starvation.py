@@ -25,7 +25,6 @@ import asyncio
 import json
 import random
 import shlex
-import shutil
 import statistics
 import sys
 import time
@@ -35,43 +34,10 @@ from typing import Any
 import httpx
 
 from radixkv.bench.server_proc import LocalServer
+from radixkv.bench.tiny_model import tiny_llama  # the seeded 2-layer Llama, built once
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 OUT_TOKENS = 24
 NEW_TOKENS = 8
-
-
-def tiny_llama(out: Path) -> Path:
-    """A seeded random Llama (hidden 64, 2 layers, the default model's vocabulary and tokenizer;
-    4096 positions so 1,200-token prompts fit), built once."""
-    if (out / "config.json").exists():
-        return out
-    import torch
-    import transformers
-
-    from radixkv.model import default_model_path
-
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (default_model_path() / name).exists():
-            shutil.copy(default_model_path() / name, out / name)
-    return out
 
 
 async def warm_request(http: httpx.AsyncClient, url: str, prompt: list[int]) -> dict[str, float]:
