@@ -283,15 +283,8 @@ class HybridTierManager(TierManager):
             return None
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
-        start = have = l1_tokens // ps
-        hs = self.hashes(req, n_pages * ps)
-        in_l2: list[int] = []
-        while have < n_pages:
-            hp = self.index.lookup(hs[have], touch=False)
-            if hp is None:
-                break
-            in_l2.append(hp)
-            have += 1
+        start = l1_tokens // ps
+        hs, have, in_l2 = self._l2_run(req, l1_tokens)
         want = hs[have : have + MAX_PREFETCH_PAGES]
         extra: list[tuple[int, str, bytes]] = []
         extra_in_l2: list[tuple[str, int]] = []

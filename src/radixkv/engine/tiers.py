@@ -283,6 +283,15 @@ class TierManager:
         cannot cost it what L2 already had."""
         if self.storage is None:
             return None
+        hs, have, in_l2 = self._l2_run(req, l1_tokens)
+        want = hs[have : have + MAX_PREFETCH_PAGES]
+        if not want:
+            return None
+        return self.storage.start_prefetch(req.request_id, want, in_l2, self.page_size)
+
+    def _l2_run(self, req: Request, l1_tokens: int) -> tuple[list[bytes], int, list[int]]:
+        """The prompt's page hashes (whole pages of all but its last token), the page index
+        where L1 + L2 stop holding it, and the L2 pages of that run past L1, in order."""
         ps = self.page_size
         n_pages = (len(req.tokens) - 1) // ps
         have = l1_tokens // ps
@@ -294,10 +303,7 @@ class TierManager:
                 break
             in_l2.append(hp)
             have += 1
-        want = hs[have : have + MAX_PREFETCH_PAGES]
-        if not want:
-            return None
-        return self.storage.start_prefetch(req.request_id, want, in_l2, ps)
+        return hs, have, in_l2
 
     def end_hold(self, request_id: str) -> None:
         """The engine ends `request_id`'s hold (its fetch finished or its bound passed)."""
