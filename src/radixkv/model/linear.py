@@ -3,10 +3,11 @@
 Where the C++ kernels serve the weight's dtype on this CPU (AVX-512; bfloat16 also needs AVX-512
 BF16 and an even in-feature count), the weight is repacked once into blocks of 16 outputs and
 every product, a one-row decode step and a 2,048-row prefill chunk alike, runs through
-`radixkv.model.kernels.gemm`: each output element is one f32 chain over k in increasing order,
-so a request's row is bit-identical whatever else shares its batch (the batch-invariant matmul
-that "one answer per question" needs). At 1 to 2,048 rows it measured as fast as oneDNN's
-prepacked kernels (docs/determinism.md), and the repacked weight replaces the plain one (one copy).
+`radixkv.model.kernels.gemm`: each output element is one f32 chain over k in increasing order
+(on CPUs with AMX, bfloat16 weights whose K is a multiple of 32 take AMX tiles, in one fixed order
+too), so a request's row is bit-identical whatever else shares its batch (the batch-invariant
+matmul that "one answer per question" needs). Speeds against oneDNN: docs/determinism.md. The
+repacked weight replaces the plain one (one copy).
 
 Elsewhere (no kernels, other dtypes, $RADIXKV_CPU_KERNELS=0) the weight is prepacked for oneDNN
 where torch has it, else kept plain for `F.linear`; those paths are fast but their per-row
