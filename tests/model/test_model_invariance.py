@@ -68,7 +68,7 @@ def _problem(seed: int, dtype: torch.dtype, heads: tuple[int, int, int], length:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 1, 128), (6, 2, 16)])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 1, 128), (6, 2, 16), (8, 2, 256), (24, 1, 32)])
 @pytest.mark.parametrize("window", [0, 37, 100])
 def test_attention_is_the_same_whatever_the_chunks(
     dtype: torch.dtype, heads: tuple[int, int, int], window: int

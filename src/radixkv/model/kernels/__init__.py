@@ -12,6 +12,9 @@
 - `pointwise()`: RMSNorm, SiLU * up and RoPE (`pointwise.cpp`) with one fixed arithmetic per
   row, called by the eager and the compiled model alike.
 
+On CPUs with AMX, bfloat16 attention and GEMMs run on AMX tiles (`attn_amx.h`, `gemm_amx.h`);
+`RADIXKV_AMX=0` keeps a process on the AVX-512 kernels (other bits, the same invariance).
+
 The two attention kernels share one reduction order (keys in blocks at absolute positions, see
 `decode_canon.h`), so a token's attention output is the same bits whether it was computed in a
 prefill chunk of any size, after a cached prefix, or in a decode step.

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attn_amx.h"
 #include "decode_canon.h"
 #include "simd.h"
 
@@ -141,6 +142,53 @@ void attend_one(const T* qp, const T* kp, const T* vp, T* op, const int64_t* rs,
     for (int64_t i = 0; i < D; ++i) op[(h0 * G + j) * D + i] = static_cast<T>(acc[j * D + i]);
 }
 
+#if defined(RADIXKV_AMX)
+// bfloat16 on AMX (attn_amx.h, the extend kernel's path too): items are (request, KV head), the
+// G query heads of the KV head as rows at the request's last position (chunks of 64 heads).
+void run_amx(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+             const torch::Tensor& slots, const torch::Tensor& lens, torch::Tensor& out,
+             int64_t window, float scale) {
+  namespace amx = radixkv_attn_amx;
+  using BF16 = c10::BFloat16;
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), G = H / KV;
+  const int64_t W = slots.size(1), chunks = (G + amx::kRows - 1) / amx::kRows;
+  const BF16* qp = q.data_ptr<BF16>();
+  const BF16* kp = k.data_ptr<BF16>();
+  const BF16* vp = v.data_ptr<BF16>();
+  BF16* op = out.data_ptr<BF16>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  const amx::Geometry g{D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), window, scale};
+  std::vector<int64_t> order(R * KV * chunks);
+  for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return lp[a / (KV * chunks)] > lp[b / (KV * chunks)];
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    radixkv_amx::configure();
+    for (int64_t t = begin; t < end; ++t) {
+      std::unique_ptr<amx::Scratch> w(new amx::Scratch(D));
+      for (int64_t i = next++; i < n; i = next++) {
+        const int64_t item = order[i], r = item / (KV * chunks), h = (item / chunks) % KV;
+        const int64_t g0 = (item % chunks) * amx::kRows;
+        w->rows = std::min<int64_t>(amx::kRows, G - g0);
+        for (int64_t j = 0; j < w->rows; ++j) {
+          w->pos[j] = lp[r] - 1;
+          w->set_query(j, qp + (r * H + h * G + g0 + j) * D, D);
+        }
+        amx::attend(g, kp, vp, sp + r * W, h, *w);
+        for (int64_t j = 0; j < w->rows; ++j)
+          amx::store_row(*w, j, D, op + (r * H + h * G + g0 + j) * D);
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
 // Items are (request, KV head, chunk of kMaxG query heads), longest context first, taken from a
 // shared counter so that unequal contexts balance across threads.
 template <typename T>
@@ -156,6 +204,14 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   const float sf = static_cast<float>(scale);
+#if defined(RADIXKV_AMX)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (D % 16 == 0 && D <= 256 && radixkv_amx::enabled()) {
+      run_amx(q, k, v, slots, lens, out, window, sf);
+      return;
+    }
+  }
+#endif
 #if defined(__AVX512F__)
   if (D % 16 == 0 && D <= 256) {
     using namespace radixkv_decode;

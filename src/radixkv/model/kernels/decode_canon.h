@@ -185,24 +185,28 @@ inline float tree_sum(const float* e) {
   return _mm512_cvtss_f32(fold(fold(fold(fold(b, 8), 4), 2), 1));
 }
 
-// Phase C: the online-softmax update of head g for this block (scores become weights e).
-// Returns alpha, the factor for the earlier sum.
-inline float block_softmax(int64_t g, Scratch& w) {
+// The online-softmax update of one row for one block: its 64 scores e (64-byte aligned; in
+// place, scores become weights), its running max m and sum l. Returns alpha, the factor for the
+// earlier sum. The AMX path (attn_amx.h) calls this too, so both paths share its arithmetic.
+inline float row_softmax(float* e, float& m, float& l) {
   const __m512 neg = _mm512_set1_ps(kNegInf);
   __m512 bm = neg;
-  for (int j = 0; j < 4; ++j) bm = _mm512_max_ps(bm, _mm512_load_ps(&w.sc[g][j * 16]));
-  const float m_old = w.m[g];
+  for (int j = 0; j < 4; ++j) bm = _mm512_max_ps(bm, _mm512_load_ps(e + j * 16));
+  const float m_old = m;
   const float m_new = std::max(m_old, _mm512_reduce_max_ps(bm));
   const float safe = m_new == kNegInf ? 0.f : m_new;  // -inf - m stays -inf, never NaN
   const __m512 sv = _mm512_set1_ps(safe);
   const float alpha = _mm512_cvtss_f32(exp_neg(_mm512_sub_ps(_mm512_set1_ps(m_old), sv)));
   for (int j = 0; j < 4; ++j)
-    _mm512_store_ps(&w.sc[g][j * 16], exp_neg(_mm512_sub_ps(_mm512_load_ps(&w.sc[g][j * 16]), sv)));
+    _mm512_store_ps(e + j * 16, exp_neg(_mm512_sub_ps(_mm512_load_ps(e + j * 16), sv)));
   // Keys past the context weigh +0 (masked scores), an exact identity in the sum.
-  w.l[g] = std::fma(w.l[g], alpha, tree_sum(w.sc[g]));
-  w.m[g] = m_new;
+  l = std::fma(l, alpha, tree_sum(e));
+  m = m_new;
   return alpha;
 }
+
+// Phase C: the online-softmax update of head g for this block (scores become weights e).
+inline float block_softmax(int64_t g, Scratch& w) { return row_softmax(w.sc[g], w.m[g], w.l[g]); }
 
 // Phase D (float32 values): o = o * alpha + sum_c e_c V_c for GT heads from g0, ND x 16 dims.
 template <typename T, int ND, int GT>
@@ -277,11 +281,15 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
     else { constexpr int GT = 1; call; }                        \
   }
 
-// One (request r, KV head h, query heads [g0, g0 + gn)) work item, gn <= kMaxG.
+// One (request r, KV head h, query heads [head0, head0 + gn)) work item, gn <= kMaxG. The
+// scratch holds the item's heads at [0, gn) (with G > kMaxG, head0 is past the scratch).
 template <typename T, typename Words, int ND>
 void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, int64_t r,
-                 int64_t h, int64_t g0, int64_t gn, Scratch& w) {
+                 int64_t h, int64_t head0, int64_t gn, Scratch& w) {
   constexpr int GV = ND >= 16 ? 1 : (ND >= 8 ? 2 : 4);  // GV x ND value accumulators <= 16
+  constexpr int64_t g0 = 0;
+  q += head0 * P.D;
+  out += head0 * P.D;
   const int64_t p = P.lens[r] - 1, D = P.D;
   const int64_t* sl = P.slots + r * P.width;
   const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p - P.window + 1) : 0;

@@ -21,9 +21,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <vector>
 
+#include "attn_amx.h"
 #include "extend_bf16.h"
 #include "extend_common.h"
 #include "extend_f32.h"
@@ -92,6 +94,41 @@ void run(const Problem& P, const T* q, const T* k, const T* v, T* out, std::vect
   });
 }
 
+#if defined(RADIXKV_AMX)
+// bfloat16 on AMX (attn_amx.h): the same items, each row at its own position.
+void run_amx(const Problem& P, const c10::BFloat16* q, const c10::BFloat16* k,
+             const c10::BFloat16* v, c10::BFloat16* out, std::vector<Item>& items) {
+  namespace amx = radixkv_attn_amx;
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(items.size());
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  const amx::Geometry g{P.D, P.k_row, P.k_head, P.v_row, P.v_head, P.window, P.scale};
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    radixkv_amx::configure();
+    for (int64_t t = begin; t < end; ++t) {
+      std::unique_ptr<amx::Scratch> w(new amx::Scratch(P.D));
+      for (int64_t i = next++; i < n; i = next++) {
+        const Item& it = items[i];
+        const int64_t G = P.G, rows = (it.t1 - it.t0) * G;
+        w->rows = rows;
+        for (int64_t ri = 0; ri < rows; ++ri) {
+          const int64_t tok = P.q_start[it.r] + it.t0 + ri / G, head = it.h * G + ri % G;
+          w->pos[ri] = P.prefix[it.r] + it.t0 + ri / G;
+          w->set_query(ri, q + tok * P.q_row + head * P.D, P.D);
+        }
+        amx::attend(g, k, v, P.slots + P.ctx_start[it.r], it.h, *w);
+        for (int64_t ri = 0; ri < rows; ++ri) {
+          const int64_t tok = P.q_start[it.r] + it.t0 + ri / G, head = it.h * G + ri % G;
+          amx::store_row(*w, ri, P.D, out + tok * P.o_row + head * P.D);
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
 }  // namespace
 #endif
 
@@ -120,6 +157,7 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v rows must be contiguous");
   const int64_t H = q.size(1), D = q.size(2), KV = k.size(1);
   TORCH_CHECK(H % KV == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(H / KV <= radixkv_extend::kRows, "at most 64 query heads per KV head");
   TORCH_CHECK(D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
   for (const auto* t : {&slots, &ctx_start, &q_start, &new_len, &prefix})
     TORCH_CHECK(t->scalar_type() == torch::kLong && t->is_contiguous(), "index tensors: int64");
@@ -145,6 +183,13 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                  out.data_ptr<float>(), items);
       break;
     case torch::kBFloat16:
+#if defined(RADIXKV_AMX)
+      if (radixkv_amx::enabled()) {
+        run_amx(P, q.data_ptr<c10::BFloat16>(), k.data_ptr<c10::BFloat16>(),
+                v.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), items);
+        break;
+      }
+#endif
 #if defined(__AVX512BF16__)
       run<c10::BFloat16, BF16Products>(
 #else

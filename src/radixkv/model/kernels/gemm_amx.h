@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -25,8 +26,12 @@
 namespace radixkv_amx {
 
 // Linux lets a process use the AMX tile data only after asking (arch_prctl); once per process.
+// RADIXKV_AMX=0 keeps a process off the tiles (the GEMM and attention alike: the AVX-512 BF16
+// kernels, other bits), e.g. to test those kernels on an AMX host.
 inline bool enabled() {
   static const bool ok = [] {
+    const char* env = std::getenv("RADIXKV_AMX");
+    if (env != nullptr && env[0] == '0') return false;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
