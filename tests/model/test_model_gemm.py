@@ -113,3 +113,29 @@ def test_bfloat16_takes_amx_tiles_where_the_cpu_has_them() -> None:
     if module is None or "amx_bf16" not in flags or "avx512_bf16" not in flags:
         pytest.skip("no AMX (amx_bf16) on this CPU, or no kernels")
     assert module.gemm_bf16_amx()
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 300, 700])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_gate_up_gives_the_bits_of_product_then_silu_mul(m: int, with_bias: bool) -> None:
+    """On AMX the gate/up product applies silu_mul in its epilogue: its bits must equal the plain
+    product followed by the silu_mul op (the unfused path, and every path without AMX), for any
+    row count (ragged tails, several row panels) and with a bias."""
+    from radixkv.model.layers import silu_mul
+
+    g = torch.Generator().manual_seed(m)
+    n2, k = 2 * 96, 576
+    w = (torch.randn(n2, k, generator=g) * 0.05).to(torch.bfloat16)
+    b = torch.randn(n2, generator=g).to(torch.bfloat16) if with_bias else None
+    fused = PackedLinear(w, b, silu=True)
+    if not fused.silu:
+        pytest.skip("no AMX GEMM here: the fused product is not used")
+    plain = PackedLinear(w, b)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    want = silu_mul(plain(x))
+    got = fused(x)
+    assert fused.out_features == 96 and got.shape == (m, 96)
+    assert torch.equal(got, want)
+    ref = F.silu(F.linear(x.float(), w.float(), None if b is None else b.float()))
+    up = F.linear(x.float(), w.float(), None if b is None else b.float())[:, 96:]
+    torch.testing.assert_close(got.float(), ref[:, :96] * up, rtol=3e-2, atol=3e-2)

@@ -50,17 +50,19 @@ class Weights:
     def sub(self, prefix: str) -> Weights:
         return Weights(self.get, self.prefix + prefix)
 
-    def linear(self, *names: str, bias: bool | None = False) -> PackedLinear:
+    def linear(self, *names: str, bias: bool | None = False, silu: bool = False) -> PackedLinear:
         """One projection over the named ones stacked by output rows (`q_proj`, `k_proj`, ... :
         their `.weight`s). `bias`: True = each has a `.bias`, None = used if all have one,
-        False = none."""
+        False = none. `silu`: the two are gate and up, fused with silu_mul where the kernel can
+        (see PackedLinear)."""
         weight = torch.cat([self.need(n + ".weight").detach() for n in names])
         biases = [self.get(self.prefix + n + ".bias") for n in names] if bias is not False else []
         missing = [n for n, b in zip(names, biases, strict=True) if b is None] if bias else []
         if missing:
             raise KeyError(f"checkpoint is missing {self.prefix}{missing[0]}.bias")
         have = bool(biases) and all(b is not None for b in biases)
-        return PackedLinear(weight, torch.cat(biases) if have else None)  # type: ignore[arg-type]
+        bias_t = torch.cat(biases) if have else None  # type: ignore[arg-type]
+        return PackedLinear(weight, bias_t, silu=silu)
 
 
 class LayerOps(Protocol):
@@ -162,12 +164,14 @@ class GatedMLP(nn.Module):
         if act not in ("silu", "gelu", "gelu_tanh"):
             raise ValueError(f"unsupported MLP activation {act!r}")
         self.act = act
-        self.gate_up = w.linear(names[0], names[1], bias=bias)
+        self.gate_up = w.linear(names[0], names[1], bias=bias, silu=act == "silu")
         self.down = w.linear(names[2], bias=bias)
 
     def forward(self, h: torch.Tensor, ops: LayerOps | EagerLinear = EAGER) -> torch.Tensor:
         gate_up = ops.linear(self.gate_up, h)
-        if self.act == "silu":
+        if self.gate_up.silu:  # the product already applied silu_mul (same bits)
+            act = gate_up
+        elif self.act == "silu":
             act = silu_mul(gate_up)
         else:
             act = gelu_mul(gate_up, self.act == "gelu_tanh")

@@ -57,6 +57,19 @@ def _gemm_kernels(w: torch.Tensor) -> Any:
     return gemm(w.dtype)
 
 
+def _fuses_silu(kernel: Any, w: torch.Tensor) -> bool:
+    """Whether the fused gate/up product serves [gate; up] = w: bfloat16 on AMX tiles, K and
+    the output count multiples of 32 (whole blocks of 16 per half)."""
+    n, k = int(w.shape[0]), int(w.shape[1])
+    return (
+        w.dtype == torch.bfloat16
+        and k % 32 == 0
+        and n % 32 == 0
+        and hasattr(kernel, "gemm_silu")
+        and bool(kernel.gemm_bf16_amx())
+    )
+
+
 class PackedLinear:
     """y = x W^T + b with W [out, in] stored in whichever layout serves it best.
 
@@ -66,7 +79,11 @@ class PackedLinear:
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 8
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        batch_hint: int = 8,
+        silu: bool = False,
     ) -> None:
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.dtype = weight.dtype
@@ -74,9 +91,17 @@ class PackedLinear:
         w = weight.contiguous()
         self.kernel: Any = _gemm_kernels(w)
         self.packed = False
+        # `silu`: W is [gate; up] and the caller wants silu(gate) * up. Where the AMX GEMM serves
+        # the weight, the product computes it in its epilogue (the bits of the product followed
+        # by silu_mul, one pass less over memory) and `self.silu` says so; elsewhere the caller
+        # applies silu_mul to the plain product.
+        self.silu = False
+        self._n = self.out_features  # the product's outputs (2x out_features when fused)
         if self.kernel is not None:
             self.weight = self.kernel.gemm_pack(w)
             self.bias_f32 = None if bias is None else bias.float().contiguous()
+            if silu and _fuses_silu(self.kernel, w):
+                self._interleave_gate_up()
         else:
             self.packed = can_pack(w)
             self.weight = (
@@ -84,6 +109,16 @@ class PackedLinear:
             )
         self.handle = len(_REGISTRY)
         _REGISTRY.append(weakref.ref(self))
+
+    def _interleave_gate_up(self) -> None:
+        """Reorder the packed blocks of 16 outputs (and the bias) as gate block 0, up block 0,
+        gate block 1, ...: the fused kernel's tile pairs are then a gate block and its up block."""
+        half, shape = self.out_features // 2, self.weight.shape
+        pairs = self.weight.view(2, shape[0] // 2, -1).transpose(0, 1)
+        self.weight = pairs.contiguous().view(shape)
+        if self.bias_f32 is not None:
+            self.bias_f32 = self.bias_f32.view(2, half // 16, 16).transpose(0, 1).reshape(-1)
+        self.silu, self.out_features = True, half
 
     @property
     def invariant(self) -> bool:
@@ -95,7 +130,9 @@ class PackedLinear:
         # Both kernels want a contiguous 2-D input; leading dims are flattened and restored.
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
-        if self.kernel is not None:
+        if self.silu:
+            y = self.kernel.gemm_silu(x2, self.weight, self._n, self.bias_f32)
+        elif self.kernel is not None:
             y = self.kernel.gemm(x2, self.weight, self.out_features, self.bias_f32)
         else:
             y = torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, "none", [], "")

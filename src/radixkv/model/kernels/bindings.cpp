@@ -15,6 +15,8 @@ bool gemm_bf16_amx();
 torch::Tensor gemm_pack(torch::Tensor w);
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
                    c10::optional<torch::Tensor> bias);
+torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
+                        c10::optional<torch::Tensor> bias);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
@@ -33,4 +35,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_bf16_amx", &gemm_bf16_amx);
   m.def("gemm_pack", &gemm_pack, "Repack W [N, K] for gemm (N padded to 16)");
   m.def("gemm", &gemm, "x [M, K] @ packed W^T (+ f32 bias), row-invariant reduction order");
+  m.def("gemm_silu", &gemm_silu, "silu(gate) * up of x @ [gate; up]^T, blocks interleaved (AMX)");
 }

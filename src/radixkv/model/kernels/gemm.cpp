@@ -133,7 +133,7 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
       radixkv_amx::gemm(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k,
                         reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n,
                         bp, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()),
-                        AtenFor{});
+                        AtenFor{}, at::get_num_threads());
       return out;
     }
 #endif
@@ -145,4 +145,29 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
 #endif
   }
   TORCH_CHECK(false, "gemm: unsupported dtype or CPU (", x.scalar_type(), ")");
+}
+
+// The gate/up product fused with silu_mul, on AMX only (bf16, K % 32 == 0, n % 32 == 0):
+// `packed` is gemm_pack of [gate; up] ([n, K], n = 2 * I) with its 16-output blocks reordered as
+// gate block 0, up block 0, gate block 1, ... (and `bias`, if any, likewise); returns
+// silu(gate) * up [M, I], the bits of gemm() followed by silu_mul.
+torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
+                        c10::optional<torch::Tensor> bias) {
+#if defined(RADIXKV_AMX)
+  check(x, packed, n, bias, torch::kBFloat16);
+  const int64_t m_rows = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % 32 == 0 && n % 32 == 0 && radixkv_amx::enabled(),
+              "gemm_silu: AMX, K and n multiples of 32");
+  auto out = torch::empty({m_rows, n / 2}, x.options());
+  if (m_rows == 0) return out;
+  radixkv_amx::gemm(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k,
+                    reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n,
+                    bias ? bias->data_ptr<float>() : nullptr,
+                    reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), AtenFor{},
+                    at::get_num_threads(), /*silu=*/true);
+  return out;
+#else
+  TORCH_CHECK(false, "gemm_silu needs AMX");
+  return x;
+#endif
 }

@@ -15,11 +15,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "act.h"
 #include "simd.h"
 
 namespace {
 
 using namespace radixkv_simd;
+#if defined(__AVX512F__)
+using radixkv_act::silu16;
+using radixkv_act::to_bf16;
+#endif
 
 template <typename T>
 inline T from_f(float x) { return static_cast<T>(x); }
@@ -38,13 +43,6 @@ inline __m512 load16m(const c10::Half* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 inline void store16m(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-// Round to nearest even, as c10's float -> bfloat16 conversion does (NaN aside).
-inline __m256i to_bf16(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
 inline void store16m(c10::BFloat16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, to_bf16(v));
 }
@@ -104,16 +102,6 @@ void rms_rows(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps) 
   });
 }
 
-// silu(g) in f32: g / (1 + exp(-g)), with exp taken of -|g| only (no overflow).
-#if defined(__AVX512F__)
-inline __m512 silu16(__m512 g) {
-  const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-  const __m512 sig = _mm512_div_ps(_mm512_mask_mov_ps(one, neg, e), _mm512_add_ps(one, e));
-  return _mm512_mul_ps(g, sig);
-}
-#endif
 inline float silu1(float g) {
   const float e = std::exp(-std::fabs(g));
   return g * ((g < 0.f ? e : 1.f) / (1.f + e));

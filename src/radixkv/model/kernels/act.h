@@ -1,0 +1,39 @@
+// The bf16 rounding and SiLU arithmetic shared by the element-wise kernel (pointwise.cpp) and the
+// GEMM's fused gate/up epilogue (gemm_amx.h): one definition, so the fused product gives the bits
+// of the GEMM followed by silu_mul.
+#pragma once
+
+#include "simd.h"
+
+#if defined(__AVX512F__)
+namespace radixkv_act {
+
+// Round to nearest even, as c10's float -> bfloat16 conversion does (NaN aside).
+inline __m256i to_bf16(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+// 16 bf16 values as f32 lanes.
+inline __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// silu(g) in f32: g / (1 + exp(-g)), with exp taken of -|g| only (no overflow).
+inline __m512 silu16(__m512 g) {
+  const __m512 e = radixkv_simd::exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 sig = _mm512_div_ps(_mm512_mask_mov_ps(one, neg, e), _mm512_add_ps(one, e));
+  return _mm512_mul_ps(g, sig);
+}
+
+// silu_mul in bf16 on widened values: bf16(bf16(silu(g)) * u).
+inline __m256i silu_mul_bf16(__m512 g, __m512 u) {
+  return to_bf16(_mm512_mul_ps(widen_bf16(to_bf16(silu16(g))), u));
+}
+
+}  // namespace radixkv_act
+#endif
