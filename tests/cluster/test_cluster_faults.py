@@ -9,8 +9,10 @@ client with concurrent requests.
   retries the connections the dead router dropped), and the new router finds both replicas.
 - A replica SIGKILLed while it runs requests: no request is lost (smg retries on the other
   replica; the client does not retry), the replica restarts on its ports and rejoins (smg
-  routes to it again), and its new life announces AllBlocksCleared at seq 0, then exactly the
-  blocks of the prompts it served since.
+  routes to it again), and a subscriber that kept its state across the restart (dropping any
+  seq not newer than the last it applied, as routers' indexers do) gets the new life's
+  AllBlocksCleared above the old life's last seq, then exactly the blocks of the prompts it
+  served since.
 
 And first, with no fault: cache_aware sends each tenant's concurrent requests to the replica that
 holds its prefix. Tests run in file order on one cluster; each leaves both replicas serving.
@@ -128,21 +130,22 @@ def test_dropped_events_are_replayed(cluster: RunningCluster) -> None:
     steady, lossy = _subscriber(cluster, 0), _subscriber(cluster, 0)
     direct = openai.OpenAI(base_url=cluster.worker_urls[0] + "/v1", api_key=KEY, max_retries=0)
     try:
-        steady.drain(until_seq=0)
-        lossy.drain(until_seq=0)
+        steady.drain()
+        lossy.drain()
         _ask_all(direct, [_prompt(f"d{k}") for k in range(2)], lambda: None)
         steady.drain()
         lossy.drain()
         lossy.hang_up()  # everything published from here on is lost to it
         _ask_all(direct, [_prompt(f"d{k}") for k in range(2, 6)], lambda: None)
         steady.drain()
+        assert steady.next_seq is not None and lossy.next_seq is not None
         missed = steady.next_seq - lossy.next_seq
         assert missed >= 2
         lossy.reopen()
         _ask_all(direct, [_prompt("d6")], lambda: None)  # its first batch after the gap
         steady.drain()
         lossy.drain(until_seq=steady.next_seq - 1)
-        assert lossy.replayed >= missed
+        assert lossy.replayed >= missed and lossy.holes == 0
         assert lossy.prefixes() == steady.prefixes() and len(lossy.blocks) > 20
     finally:
         steady.close()
@@ -180,6 +183,9 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
     client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
     victim = 1
     killed = threading.Event()
+    # A subscriber that outlives the replica's restart, as a router's indexer does: it keeps
+    # the last seq it applied and drops what is not newer.
+    sub = _subscriber(cluster, victim)
 
     def kill_when_busy() -> None:
         deadline = time.monotonic() + 60
@@ -189,14 +195,19 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
         cluster.kill_worker(victim)  # with a request running on it
         killed.set()
 
-    _ask_all(client, [_prompt(f"k{k}") for k in range(16)], kill_when_busy)
-    assert killed.is_set()
-
-    cluster.restart_worker(victim)  # returns once smg counts it healthy again
-    sub = _subscriber(cluster, victim)  # the new life's stream (replayed from seq 0)
     try:
-        sub.drain(until_seq=0)
-        assert sub.batches[0][1][1] == [{"type": "AllBlocksCleared"}]
+        sub.drain()  # the old life's stream so far (its socket dies with it: no drain after)
+        old_next = sub.next_seq
+        assert old_next is not None
+        _ask_all(client, [_prompt(f"k{k}") for k in range(16)], kill_when_busy)
+        assert killed.is_set()
+
+        cluster.restart_worker(victim)  # returns once smg counts it healthy again
+        # The old life's last batches (still queued here), then the new life's stream, above
+        # them: a gap, filled from the new replay socket, that starts with AllBlocksCleared.
+        sub.drain()
+        assert sub.next_seq is not None and sub.next_seq > old_next and sub.holes >= 1
+        assert sub.batches[-1][1][1] == [{"type": "AllBlocksCleared"}] and sub.blocks == {}
         # New prompts (no prefix anywhere), 8 at a time: smg balances them onto both replicas.
         prompts = [_prompt(f"n{k}") for k in range(16)]
         _ask_all(client, prompts, lambda: None)

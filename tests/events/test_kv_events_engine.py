@@ -26,14 +26,19 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 Seq = tuple[str | None, list[int]]
 
 
-def events_engine(layout: str = "map", **kw: Any) -> tuple[Engine, Subscriber]:
-    """An engine whose PUB connects to a subscriber bound on loopback; replay on loopback."""
-    pub, rep = free_port(), free_port()
-    sub = Subscriber(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}", b"rkv", bind=True)
+def events_engine(
+    layout: str = "map", sub: Subscriber | None = None, **kw: Any
+) -> tuple[Engine, Subscriber]:
+    """An engine whose PUB connects to a subscriber bound on loopback; replay on loopback. Given
+    `sub`, the engine publishes to that subscriber's endpoints (a replica restarted)."""
+    if sub is None:
+        pub, rep = free_port(), free_port()
+        sub = Subscriber(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}", b"rkv", bind=True)
+    assert sub.replay_endpoint is not None
     cfg = {
         "enable_kv_cache_events": True,
-        "endpoint": f"tcp://127.0.0.1:{pub}",
-        "replay_endpoint": f"tcp://127.0.0.1:{rep}",
+        "endpoint": sub.endpoint,
+        "replay_endpoint": sub.replay_endpoint,
         "topic": "rkv",
         "layout": layout,
     }
@@ -218,13 +223,41 @@ def test_late_subscriber_recovers_by_replay() -> None:
         try:
             seqs += run(engine, workload(rng, 3))
             sync(engine, sub)
-            assert sub.replayed >= 2  # seq 0 (the start-up clear) and the first wave at least
+            assert sub.replayed >= 2  # the start-up clear and the first wave at least
             assert sub.prefixes() == reference(engine, seqs, 16)
-            assert [s for s, _ in sub.batches] == list(range(len(sub.batches)))
+            first = sub.batches[0][0]  # the buffer's first batch: the start-up clear
+            assert sub.batches[0][1][1] == [{"type": "AllBlocksCleared"}]
+            assert [s for s, _ in sub.batches] == list(range(first, first + len(sub.batches)))
+            assert sub.holes == 0
         finally:
             sub.close()
     finally:
         engine.close()
+
+
+def test_a_restarted_publisher_continues_above_its_last_seq() -> None:
+    """A subscriber that keeps its state across a replica's restart (as Dynamo's indexer and
+    vllm-router do: the last seq applied, anything not newer dropped) follows the new life: its
+    first batch, AllBlocksCleared, comes above the old life's last seq, and the table ends equal
+    to the new engine's cache. A stream that started over at 0 would be dropped whole."""
+    rng = random.Random(7)
+    engine, sub = events_engine(page_size=16)
+    try:
+        run(engine, workload(rng, 3))
+        sync(engine, sub)
+        old_last = sub.next_seq
+        assert old_last is not None and len(sub.blocks) > 0
+        engine.close()  # its last AllBlocksCleared may or may not reach the subscriber
+        engine, _ = events_engine(page_size=16, sub=sub)  # the same endpoints: a restart
+        seqs = run(engine, workload(rng, 3))
+        sync(engine, sub)
+        assert sub.next_seq is not None and sub.next_seq > old_last
+        first_new = next(b for b in sub.batches if b[0] >= old_last)
+        assert first_new[1][1] == [{"type": "AllBlocksCleared"}]
+        assert sub.prefixes() == reference(engine, seqs, 16) != set()
+    finally:
+        engine.close()
+        sub.close()
 
 
 def test_dropped_batches_are_replayed() -> None:

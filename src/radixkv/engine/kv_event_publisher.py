@@ -4,7 +4,7 @@ The step loop only appends cheap tuples (see `radixkv.engine.kv_events`) and, on
 puts that step's list on a queue. This thread turns each list into events (hashing, on the
 `BlockLedger`), encodes one batch per step with msgpack and sends it as three frames:
 
-    [topic, seq (8 bytes, big-endian, from 0), payload = msgpack([ts, events, dp_rank])]
+    [topic, seq (8 bytes, big-endian), payload = msgpack([ts, events, dp_rank])]
 
 It keeps the last `buffer_steps` encoded batches. A client of the replay ROUTER socket sends
 `[b"", start_seq (8 bytes big-endian)]` (what a REQ or a DEALER with an empty delimiter frame
@@ -12,7 +12,15 @@ sends) and gets back `[b"", seq, payload]` for every buffered batch with seq >= 
 `[b"", seq = -1 (8 bytes, signed), b""]`. A subscriber that sees a gap in seq (PUB drops at its
 high-water mark, or it joined late) fills it from there.
 
-The first batch (seq 0) is AllBlocksCleared: a consumer that knew this replica's blocks before a
+`seq` starts at `first_seq()`, the wall clock in microseconds at start-up, and grows by one per
+batch, so a restarted replica's stream continues *above* its previous life's (vLLM's starts at 0
+in every life). Consumers keep the last seq they applied and drop anything not newer (Dynamo's
+indexer ignores a stale event id, AllBlocksCleared included; vllm-router treats a lower seq as a
+new life only when it is strictly lower), so a stream that started over at 0 would be dropped
+by some until it passed the old count. A jump upwards is what they handle: a gap, filled from the
+replay socket, whose first batch is the new life's AllBlocksCleared.
+
+The first batch is AllBlocksCleared: a consumer that knew this replica's blocks before a
 restart forgets them. Closing sends a last AllBlocksCleared.
 """
 
@@ -38,6 +46,15 @@ Op = tuple[Any, ...]
 _STOP: Any = object()
 
 
+def first_seq() -> int:
+    """The seq of a new publisher's first batch: microseconds since 1970 (about 2**51 today,
+    far below 2**63, so signed and unsigned readers agree). Invariant: it exceeds every seq an
+    earlier life of this replica sent, provided that life sent fewer batches than microseconds
+    it lived (it sends at most one per engine step) and the host clock did not step back across
+    the restart."""
+    return time.time_ns() // 1000
+
+
 def bind_or_connect(sock: zmq.Socket[Any], endpoint: str, bind: bool | None = None) -> None:
     """`bind` True/False decides; None is vLLM's rule: bind wildcard, ipc:// and inproc://
     endpoints, connect to the others."""
@@ -61,7 +78,7 @@ class ZmqEventPublisher:
         self.topic = cfg.topic.encode()
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=cfg.max_queue_size)
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
-        self.next_seq = 0
+        self.next_seq = first_seq()
         self.batches_sent = 0
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
