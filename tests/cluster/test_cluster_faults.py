@@ -13,6 +13,8 @@ client with concurrent requests.
   seq not newer than the last it applied, as routers' indexers do) gets the new life's
   AllBlocksCleared above the old life's last seq, then exactly the blocks of the prompts it
   served since.
+- The router restarted while a replica is down: smg starts with the other one and registers the
+  returning replica within seconds of its coming back.
 
 And first, with no fault: cache_aware sends each tenant's concurrent requests to the replica that
 holds its prefix. Tests run in file order on one cluster; each leaves both replicas serving.
@@ -222,3 +224,31 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
         assert all(any(i[: len(t)] == list(t[: len(i)]) for i in ids) for _, t in table)
     finally:
         sub.close()
+
+
+def test_router_restarted_while_a_replica_is_down_registers_it_when_back(
+    cluster: RunningCluster,
+) -> None:
+    """smg restarted while replica 1 is down registers replica 0 alone; its attempt at replica 1
+    goes on in the background. Once replica 1 answers again, smg counts it healthy within a
+    couple of seconds (the launcher gives smg a 1 s startup-check interval; its default, 30 s,
+    left a returning replica without traffic, or a one-replica cluster answering 404 No worker
+    available, for up to half a minute), and requests reach it."""
+    assert cluster.router_url is not None
+    cluster.kill_worker(1)
+    cluster.restart_router()  # ready with the live replica alone
+    assert [w["url"] for w in cluster.router_workers()] == [cluster.worker_urls[0]]
+    time.sleep(3)  # smg's first attempt at replica 1 has failed by now
+    cluster.workers[1].start()
+    cluster.workers[1].wait_ready(lambda: cluster._worker_up(1), 300)
+    back = time.monotonic()
+    assert cluster.router is not None
+    cluster.router.wait_ready(cluster._router_ready, 60)
+    waited = time.monotonic() - back
+    print(f"smg registered the returning replica {waited:.2f} s after it answered /health")
+    assert waited < 8, waited
+    before = requests_by_route(cluster.worker_urls[1]).get(("/v1/completions", "200"), 0.0)
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
+    _ask_all(client, [_prompt(f"b{k}") for k in range(8)], lambda: None)
+    after = requests_by_route(cluster.worker_urls[1]).get(("/v1/completions", "200"), 0.0)
+    assert after > before  # smg routes to it again
