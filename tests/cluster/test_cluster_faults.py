@@ -10,9 +10,8 @@ client with concurrent requests.
 - A replica SIGKILLed while it runs requests: no request is lost (smg retries on the other
   replica; the client does not retry), the replica restarts on its ports and rejoins (smg
   routes to it again), and a subscriber that kept its state across the restart (dropping any
-  seq not newer than the last it applied, as routers' indexers do) gets the new life's
-  AllBlocksCleared above the old life's last seq, then exactly the blocks of the prompts it
-  served since.
+  seq not newer than the last it applied) gets the new life's AllBlocksCleared above the old
+  life's last seq (`seq_start` "time"), then exactly the blocks of the prompts it served since.
 - The router restarted while a replica is down: smg starts with the other one and registers the
   returning replica within seconds of its coming back.
 
@@ -48,6 +47,9 @@ def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         model=str(model_dir),
         serve_args=(*SERVE_ARGS, "--page-size", str(BS)),
         kv_events=True,
+        # A new life's seq continues above the last one's: for the subscriber that keeps its
+        # state across a replica's restart (test_replica_killed_...).
+        kv_events_options=(("seq_start", "time"),),
         router_python=str(router_python_or_skip("smg")),
         api_key=KEY,
         log_dir=str(tmp_path_factory.mktemp("faults")),
@@ -185,8 +187,8 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
     client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
     victim = 1
     killed = threading.Event()
-    # A subscriber that outlives the replica's restart, as a router's indexer does: it keeps
-    # the last seq it applied and drops what is not newer.
+    # A subscriber that outlives the replica's restart: it keeps the last seq it applied and
+    # drops what is not newer (the replicas start their seq from the clock: seq_start "time").
     sub = _subscriber(cluster, victim)
 
     def kill_when_busy() -> None:

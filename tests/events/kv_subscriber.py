@@ -57,6 +57,7 @@ class Subscriber:
     replay_endpoint: str | None = None
     topic: bytes = b""
     bind: bool = False
+    replay_layout: str = "plain"  # "topic": each replay reply carries the topic after b""
     blocks: dict[int, Block] = field(default_factory=dict)
     next_seq: int | None = None  # the last applied seq + 1; None before the first
     batches: list[tuple[int, list[Any]]] = field(default_factory=list)  # (seq, raw payload)
@@ -138,7 +139,12 @@ class Subscriber:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 assert dealer.poll(5000), "replay socket did not answer"
-                empty, seq_b, payload = dealer.recv_multipart()
+                frames = dealer.recv_multipart()
+                if self.replay_layout == "topic":
+                    empty, topic, seq_b, payload = frames
+                    assert topic in (self.topic, b"")  # the end marker's is empty
+                else:
+                    empty, seq_b, payload = frames
                 assert empty == b""
                 seq = int.from_bytes(seq_b, "big", signed=True)
                 if seq == END:

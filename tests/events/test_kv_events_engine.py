@@ -236,19 +236,20 @@ def test_late_subscriber_recovers_by_replay() -> None:
 
 
 def test_a_restarted_publisher_continues_above_its_last_seq() -> None:
-    """A subscriber that keeps its state across a replica's restart (as Dynamo's indexer and
-    vllm-router do: the last seq applied, anything not newer dropped) follows the new life: its
-    first batch, AllBlocksCleared, comes above the old life's last seq, and the table ends equal
-    to the new engine's cache. A stream that started over at 0 would be dropped whole."""
+    """With `seq_start` "time", a subscriber that keeps its state across a replica's restart
+    (the last seq applied, anything not newer dropped) follows the new life: its first batch,
+    AllBlocksCleared, comes above the old life's last seq, and the table ends equal to the new
+    engine's cache. A stream that started over at 0 (the default, vLLM's) would be dropped."""
     rng = random.Random(7)
-    engine, sub = events_engine(page_size=16)
+    clock = {"seq_start": "time"}
+    engine, sub = events_engine(page_size=16, events=clock)
     try:
         run(engine, workload(rng, 3))
         sync(engine, sub)
         old_last = sub.next_seq
         assert old_last is not None and len(sub.blocks) > 0
         engine.close()  # its last AllBlocksCleared may or may not reach the subscriber
-        engine, _ = events_engine(page_size=16, sub=sub)  # the same endpoints: a restart
+        engine, _ = events_engine(page_size=16, sub=sub, events=clock)  # the same endpoints
         seqs = run(engine, workload(rng, 3))
         sync(engine, sub)
         assert sub.next_seq is not None and sub.next_seq > old_last
@@ -314,6 +315,36 @@ def test_replay_from_a_seq_and_end_marker() -> None:
         req.send((last + 1).to_bytes(8, "big"))
         assert req.poll(5000)
         assert req.recv_multipart() == [(-1).to_bytes(8, "big", signed=True), b""]
+    finally:
+        ctx.destroy(linger=0)
+        engine.close()
+        sub.close()
+
+
+def test_topic_replay_layout_and_seq_from_zero() -> None:
+    """By default a life's seq starts at 0 (vLLM's); `replay_layout` "topic" answers a replay as
+    vLLM does now and vllm-router reads: [b"", topic, seq, payload], the end marker's topic
+    empty. The subscriber decodes that layout into the same table."""
+    engine, sub = events_engine(page_size=16, events={"replay_layout": "topic"})
+    sub.replay_layout = "topic"
+    ctx = zmq.Context()
+    try:
+        seqs = run(engine, workload(random.Random(9), 3))
+        engine.kv.events.publisher.queue.join()  # type: ignore[attr-defined]
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(sub.replay_endpoint or "")
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        frames = []
+        while not frames or frames[-1][2] != (-1).to_bytes(8, "big", signed=True):
+            assert dealer.poll(5000)
+            frames.append(dealer.recv_multipart())
+        assert all(len(f) == 4 and f[0] == b"" for f in frames)
+        assert [f[1] for f in frames] == [b"rkv"] * (len(frames) - 1) + [b""]
+        seq_list = [int.from_bytes(f[2], "big", signed=True) for f in frames]
+        assert seq_list == [*range(len(frames) - 1), -1]
+        assert msgpack.unpackb(frames[0][3])[1] == [{"type": "AllBlocksCleared"}]
+        sub.replay(0)
+        assert sub.prefixes() == reference(engine, seqs, 16) != set()
     finally:
         ctx.destroy(linger=0)
         engine.close()

@@ -60,6 +60,8 @@ class ClusterSpec:
     router: str = "smg"  # or "vllm-router" or "none"
     shared_l3: bool = False  # a redis-server; each replica gets --hicache-storage-backend redis
     kv_events: bool = False
+    # Keys added to every replica's --kv-events-config (e.g. ("seq_start", "time")).
+    kv_events_options: tuple[tuple[str, object], ...] = ()
     router_python: str | None = None  # an interpreter with the router installed (else cached)
     api_key: str | None = None  # required by the replicas and the router alike
     replica_args: tuple[tuple[str, ...], ...] = ()
@@ -200,6 +202,9 @@ def _start_workers(spec: ClusterSpec, cluster: RunningCluster) -> None:
             rep = f"tcp://127.0.0.1:{free_port()}"
             cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub}
             cfg.update({"replay_endpoint": rep, "topic": "", "bind": True, "block_size": block})
+            if spec.router == "vllm-router":  # it applies replayed batches in this layout only
+                cfg["replay_layout"] = "topic"
+            cfg.update(dict(spec.kv_events_options))
             extra += ["--kv-events-config", json.dumps(cfg)]
             cluster.kv_event_endpoints.append(pub)
             cluster.kv_replay_endpoints.append(rep)
