@@ -9,8 +9,11 @@ client with concurrent requests.
   retries the connections the dead router dropped), and the new router finds both replicas.
 - A replica SIGKILLed while it runs requests: no request is lost (smg retries on the other
   replica; the client does not retry), the replica restarts on its ports and rejoins (smg
-  routes to it again), and its new life announces AllBlocksCleared at seq 0, then exactly the
-  blocks of the prompts it served since.
+  routes to it again), and a subscriber that kept its state across the restart (dropping any
+  seq not newer than the last it applied) gets the new life's AllBlocksCleared above the old
+  life's last seq (`seq_start` "time"), then exactly the blocks of the prompts it served since.
+- The router restarted while a replica is down: smg starts with the other one and registers the
+  returning replica within seconds of its coming back.
 
 And first, with no fault: cache_aware sends each tenant's concurrent requests to the replica that
 holds its prefix. Tests run in file order on one cluster; each leaves both replicas serving.
@@ -44,6 +47,9 @@ def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         model=str(model_dir),
         serve_args=(*SERVE_ARGS, "--page-size", str(BS)),
         kv_events=True,
+        # A new life's seq continues above the last one's: for the subscriber that keeps its
+        # state across a replica's restart (test_replica_killed_...).
+        kv_events_options=(("seq_start", "time"),),
         router_python=str(router_python_or_skip("smg")),
         api_key=KEY,
         log_dir=str(tmp_path_factory.mktemp("faults")),
@@ -128,21 +134,22 @@ def test_dropped_events_are_replayed(cluster: RunningCluster) -> None:
     steady, lossy = _subscriber(cluster, 0), _subscriber(cluster, 0)
     direct = openai.OpenAI(base_url=cluster.worker_urls[0] + "/v1", api_key=KEY, max_retries=0)
     try:
-        steady.drain(until_seq=0)
-        lossy.drain(until_seq=0)
+        steady.drain()
+        lossy.drain()
         _ask_all(direct, [_prompt(f"d{k}") for k in range(2)], lambda: None)
         steady.drain()
         lossy.drain()
         lossy.hang_up()  # everything published from here on is lost to it
         _ask_all(direct, [_prompt(f"d{k}") for k in range(2, 6)], lambda: None)
         steady.drain()
+        assert steady.next_seq is not None and lossy.next_seq is not None
         missed = steady.next_seq - lossy.next_seq
         assert missed >= 2
         lossy.reopen()
         _ask_all(direct, [_prompt("d6")], lambda: None)  # its first batch after the gap
         steady.drain()
         lossy.drain(until_seq=steady.next_seq - 1)
-        assert lossy.replayed >= missed
+        assert lossy.replayed >= missed and lossy.holes == 0
         assert lossy.prefixes() == steady.prefixes() and len(lossy.blocks) > 20
     finally:
         steady.close()
@@ -180,6 +187,9 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
     client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
     victim = 1
     killed = threading.Event()
+    # A subscriber that outlives the replica's restart: it keeps the last seq it applied and
+    # drops what is not newer (the replicas start their seq from the clock: seq_start "time").
+    sub = _subscriber(cluster, victim)
 
     def kill_when_busy() -> None:
         deadline = time.monotonic() + 60
@@ -189,14 +199,19 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
         cluster.kill_worker(victim)  # with a request running on it
         killed.set()
 
-    _ask_all(client, [_prompt(f"k{k}") for k in range(16)], kill_when_busy)
-    assert killed.is_set()
-
-    cluster.restart_worker(victim)  # returns once smg counts it healthy again
-    sub = _subscriber(cluster, victim)  # the new life's stream (replayed from seq 0)
     try:
-        sub.drain(until_seq=0)
-        assert sub.batches[0][1][1] == [{"type": "AllBlocksCleared"}]
+        sub.drain()  # the old life's stream so far (its socket dies with it: no drain after)
+        old_next = sub.next_seq
+        assert old_next is not None
+        _ask_all(client, [_prompt(f"k{k}") for k in range(16)], kill_when_busy)
+        assert killed.is_set()
+
+        cluster.restart_worker(victim)  # returns once smg counts it healthy again
+        # The old life's last batches (still queued here), then the new life's stream, above
+        # them: a gap, filled from the new replay socket, that starts with AllBlocksCleared.
+        sub.drain()
+        assert sub.next_seq is not None and sub.next_seq > old_next and sub.holes >= 1
+        assert sub.batches[-1][1][1] == [{"type": "AllBlocksCleared"}] and sub.blocks == {}
         # New prompts (no prefix anywhere), 8 at a time: smg balances them onto both replicas.
         prompts = [_prompt(f"n{k}") for k in range(16)]
         _ask_all(client, prompts, lambda: None)
@@ -211,3 +226,31 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
         assert all(any(i[: len(t)] == list(t[: len(i)]) for i in ids) for _, t in table)
     finally:
         sub.close()
+
+
+def test_router_restarted_while_a_replica_is_down_registers_it_when_back(
+    cluster: RunningCluster,
+) -> None:
+    """smg restarted while replica 1 is down registers replica 0 alone; its attempt at replica 1
+    goes on in the background. Once replica 1 answers again, smg counts it healthy within a
+    couple of seconds (the launcher gives smg a 1 s startup-check interval; its default, 30 s,
+    left a returning replica without traffic, or a one-replica cluster answering 404 No worker
+    available, for up to half a minute), and requests reach it."""
+    assert cluster.router_url is not None
+    cluster.kill_worker(1)
+    cluster.restart_router()  # ready with the live replica alone
+    assert [w["url"] for w in cluster.router_workers()] == [cluster.worker_urls[0]]
+    time.sleep(3)  # smg's first attempt at replica 1 has failed by now
+    cluster.workers[1].start()
+    cluster.workers[1].wait_ready(lambda: cluster._worker_up(1), 300)
+    back = time.monotonic()
+    assert cluster.router is not None
+    cluster.router.wait_ready(cluster._router_ready, 60)
+    waited = time.monotonic() - back
+    print(f"smg registered the returning replica {waited:.2f} s after it answered /health")
+    assert waited < 8, waited
+    before = requests_by_route(cluster.worker_urls[1]).get(("/v1/completions", "200"), 0.0)
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
+    _ask_all(client, [_prompt(f"b{k}") for k in range(8)], lambda: None)
+    after = requests_by_route(cluster.worker_urls[1]).get(("/v1/completions", "200"), 0.0)
+    assert after > before  # smg routes to it again

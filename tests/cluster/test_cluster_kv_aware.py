@@ -56,7 +56,7 @@ def _completions(url: str) -> float:
 def test_kv_aware_routes_a_prefix_to_the_replica_that_cached_it(cluster: RunningCluster) -> None:
     assert cluster.router_url is not None
     subs = [
-        Subscriber(pub, rep)
+        Subscriber(pub, rep, replay_layout="topic")  # the launcher's for vllm-router
         for pub, rep in zip(cluster.kv_event_endpoints, cluster.kv_replay_endpoints, strict=True)
     ]
     try:
@@ -97,6 +97,43 @@ def test_kv_aware_routes_a_prefix_to_the_replica_that_cached_it(cluster: Running
     finally:
         for s in subs:
             s.close()
+
+
+@pytest.mark.slow
+def test_a_router_started_after_the_replicas_cached_learns_it_by_replay(
+    cluster: RunningCluster,
+) -> None:
+    """The router is down while each replica caches a tenant's prefix, so its SUB socket never
+    sees those batches: only its request to the replay socket (from seq 0, made when a
+    replica's first live batch arrives) can tell it.
+    vllm-router applies replayed batches only in the `topic` replay layout (the launcher sets
+    it); in the plain one it ignores them, and routes these tenants by load alone."""
+    assert cluster.router is not None and cluster.router_url is not None
+    cluster.router.kill()
+    prefixes = [_prefix("C"), _prefix("D")]
+    for url, prefix in zip(cluster.worker_urls, prefixes, strict=True):
+        direct = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        direct.completions.create(model=MODEL, prompt=prefix + " Warm-up.", max_tokens=2)
+    cluster.router.start()
+    cluster.router.wait_ready(cluster._router_ready, 120)
+    # Its SUB asks a replica's replay socket for the history (from seq 0) when that replica's
+    # first live batch reaches it: each replica caches something unrelated, directly.
+    for i, url in enumerate(cluster.worker_urls):
+        direct = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        direct.completions.create(model=MODEL, prompt=_prefix(f"ping{i}"), max_tokens=2)
+    time.sleep(1.5)  # the replays and the indexer thread applying them
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
+    hits = []
+    for k, tenant in enumerate((0, 0, 1, 1, 0, 1)):
+        prompt = prefixes[tenant] + f" Question {k}: which clause applies?"
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        hits.append(
+            (tenant, r.usage.prompt_tokens_details.cached_tokens or 0, r.usage.prompt_tokens)
+        )
+    print(f"(tenant, cached, prompt) per routed request: {hits}")
+    for _, cached, prompt_tokens in hits:
+        assert cached >= prompt_tokens - 3 * BS, hits
 
 
 def test_vllm_router_lists_both_replicas(cluster: RunningCluster) -> None:

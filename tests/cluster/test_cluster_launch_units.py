@@ -39,6 +39,8 @@ def test_router_command_lines() -> None:
     assert smg[:3] == [str(py), "-m", "smg"] and "--service-discovery" not in smg
     assert smg[smg.index("--worker-urls") + 1 : smg.index("--worker-urls") + 3] == list(workers)
     assert smg[smg.index("--api-key") + 1] == "k" and smg[smg.index("--host") + 1] == "127.0.0.1"
+    # A replica down when the router (re)started is retried every second, not every 30 s.
+    assert smg[smg.index("--worker-startup-check-interval") + 1] == "1"
     sources = tuple((w, f"tcp://127.0.0.1:{n}", None) for n, w in enumerate(workers))
     vr = RouterPlan("vllm-router", py, 9, "kv_aware", workers, None, sources, 32, "m").command()
     assert vr[0] == "venv/bin/vllm-router" and "--api-key" not in vr
@@ -47,4 +49,5 @@ def test_router_command_lines() -> None:
         "http://127.0.0.1:2=tcp://127.0.0.1:1",
     ]
     assert "--kv-event-replay-source" not in vr
+    assert vr[vr.index("--worker-startup-check-interval") + 1] == "1"
     assert vr[vr.index("--kv-event-block-size") + 1] == "32" and vr[-1] == "m"

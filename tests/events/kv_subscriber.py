@@ -57,10 +57,12 @@ class Subscriber:
     replay_endpoint: str | None = None
     topic: bytes = b""
     bind: bool = False
+    replay_layout: str = "plain"  # "topic": each replay reply carries the topic after b""
     blocks: dict[int, Block] = field(default_factory=dict)
-    next_seq: int = 0
+    next_seq: int | None = None  # the last applied seq + 1; None before the first
     batches: list[tuple[int, list[Any]]] = field(default_factory=list)  # (seq, raw payload)
     replayed: int = 0
+    holes: int = 0  # gaps that replay could not fill (a publisher's new life, a full buffer)
     clears: int = 0
     # The lower tiers' live blocks by medium ("CPU", "DISK"); `blocks` is the device pool's.
     tiers: dict[str, dict[int, Block]] = field(default_factory=dict)
@@ -89,38 +91,46 @@ class Subscriber:
         (self.sub.bind if self.bind else self.sub.connect)(self.endpoint)
 
     # -- receiving -------------------------------------------------------------------------------
+    # As Dynamo's indexer and vllm-router keep it: the last seq applied (`next_seq` - 1; None
+    # before the first batch), dropping any batch whose seq is not newer, and a gap (a batch
+    # newer than the next one expected) filled from the replay socket first. A batch past a gap
+    # that replay could not fill is applied anyway (counted in `holes`): a publisher's new life
+    # starts above its last one, with AllBlocksCleared.
     def drain(
         self, quiet_s: float = 0.3, until_seq: int | None = None, limit_s: float = 10
     ) -> None:
         """Receive until nothing arrives for `quiet_s` (and `until_seq` was applied, if given);
-        a gap in seq is filled from the replay socket before going on."""
+        a gap in seq is filled from the replay socket before going on. A subscriber that has
+        applied nothing yet first asks the replay socket for all it buffered."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            if until_seq is not None and self.next_seq > until_seq:
+            if until_seq is not None and self.next_seq is not None and self.next_seq > until_seq:
                 return
             if not self.sub.poll(int(quiet_s * 1000)):
                 before = self.next_seq
                 if self.replay_endpoint is not None:
-                    self.replay(self.next_seq)  # the tail may have been dropped: ask for it
+                    self.replay(self.next_seq or 0)  # the tail may have been dropped: ask for it
                 if until_seq is None and self.next_seq == before:
                     return
                 continue
             topic, seq_b, payload = self.sub.recv_multipart()
             assert topic == self.topic
             seq = int.from_bytes(seq_b, "big")
-            if seq < self.next_seq:
-                continue  # already applied (from a replay)
-            if seq > self.next_seq:
-                assert self.replay_endpoint is not None, f"gap {self.next_seq}..{seq}, no replay"
-                self.replay(self.next_seq)
-                if seq < self.next_seq:
+            if self.next_seq is not None and seq < self.next_seq:
+                continue  # not newer: already applied (from a replay), or a stale stream
+            gap = self.next_seq is None or seq > self.next_seq
+            if gap and self.replay_endpoint is not None:
+                self.replay(self.next_seq or 0)
+                if self.next_seq is not None and seq < self.next_seq:
                     continue
-            assert seq == self.next_seq, (seq, self.next_seq)
+            if self.next_seq is not None and seq > self.next_seq:
+                self.holes += 1  # the replay buffer no longer (or never) held the batches between
             self.apply(seq, msgpack.unpackb(payload))
         raise AssertionError(f"no quiet period / seq {until_seq} not reached in {limit_s}s")
 
     def replay(self, start: int) -> None:
-        """Ask the replay socket for every batch from `start` and apply the ones not seen yet."""
+        """Ask the replay socket for every batch from `start` and apply, in order, the ones newer
+        than the last applied."""
         assert self.replay_endpoint is not None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -129,13 +139,21 @@ class Subscriber:
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 assert dealer.poll(5000), "replay socket did not answer"
-                empty, seq_b, payload = dealer.recv_multipart()
+                frames = dealer.recv_multipart()
+                if self.replay_layout == "topic":
+                    empty, topic, seq_b, payload = frames
+                    assert topic in (self.topic, b"")  # the end marker's is empty
+                else:
+                    empty, seq_b, payload = frames
                 assert empty == b""
                 seq = int.from_bytes(seq_b, "big", signed=True)
                 if seq == END:
                     assert payload == b""
                     return
-                if seq == self.next_seq:
+                assert seq >= start, (seq, start)
+                if self.next_seq is None or seq >= self.next_seq:
+                    if self.next_seq is not None and seq > self.next_seq:
+                        self.holes += 1
                     self.replayed += 1
                     self.apply(seq, msgpack.unpackb(payload))
         finally:

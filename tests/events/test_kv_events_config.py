@@ -17,6 +17,7 @@ def test_defaults_are_vllms() -> None:
     assert (cfg.endpoint, cfg.replay_endpoint, cfg.topic) == ("tcp://*:5557", None, "")
     assert (cfg.buffer_steps, cfg.hwm, cfg.max_queue_size) == (10_000, 100_000, 100_000)
     assert (cfg.layout, cfg.bind) == ("map", None)
+    assert (cfg.seq_start, cfg.replay_layout) == ("zero", "plain")
     null = parse_kv_events_config('{"enable_kv_cache_events": true, "publisher": "null"}')
     assert not null.active
 
@@ -48,6 +49,8 @@ def test_block_size(page: int, block: int | None, want: int) -> None:
         ('{"buffer_steps": true}', "'buffer_steps' must be int"),
         ('{"publisher": "kafka"}', "'publisher' must be one of"),
         ('{"layout": "list"}', "'layout' must be one of"),
+        ('{"seq_start": "now"}', "'seq_start' must be one of"),
+        ('{"replay_layout": "vllm"}', "'replay_layout' must be one of"),
         ('{"hwm": -1}', "'hwm' must be >= 0"),
         ('{"block_size": 24}', "multiple of the page size (16)"),
         ('{"endpoint": "localhost:5557"}', "must be a zmq address"),

@@ -26,14 +26,19 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 Seq = tuple[str | None, list[int]]
 
 
-def events_engine(layout: str = "map", **kw: Any) -> tuple[Engine, Subscriber]:
-    """An engine whose PUB connects to a subscriber bound on loopback; replay on loopback."""
-    pub, rep = free_port(), free_port()
-    sub = Subscriber(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}", b"rkv", bind=True)
+def events_engine(
+    layout: str = "map", sub: Subscriber | None = None, **kw: Any
+) -> tuple[Engine, Subscriber]:
+    """An engine whose PUB connects to a subscriber bound on loopback; replay on loopback. Given
+    `sub`, the engine publishes to that subscriber's endpoints (a replica restarted)."""
+    if sub is None:
+        pub, rep = free_port(), free_port()
+        sub = Subscriber(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}", b"rkv", bind=True)
+    assert sub.replay_endpoint is not None
     cfg = {
         "enable_kv_cache_events": True,
-        "endpoint": f"tcp://127.0.0.1:{pub}",
-        "replay_endpoint": f"tcp://127.0.0.1:{rep}",
+        "endpoint": sub.endpoint,
+        "replay_endpoint": sub.replay_endpoint,
         "topic": "rkv",
         "layout": layout,
     }
@@ -218,13 +223,42 @@ def test_late_subscriber_recovers_by_replay() -> None:
         try:
             seqs += run(engine, workload(rng, 3))
             sync(engine, sub)
-            assert sub.replayed >= 2  # seq 0 (the start-up clear) and the first wave at least
+            assert sub.replayed >= 2  # the start-up clear and the first wave at least
             assert sub.prefixes() == reference(engine, seqs, 16)
-            assert [s for s, _ in sub.batches] == list(range(len(sub.batches)))
+            first = sub.batches[0][0]  # the buffer's first batch: the start-up clear
+            assert sub.batches[0][1][1] == [{"type": "AllBlocksCleared"}]
+            assert [s for s, _ in sub.batches] == list(range(first, first + len(sub.batches)))
+            assert sub.holes == 0
         finally:
             sub.close()
     finally:
         engine.close()
+
+
+def test_a_restarted_publisher_continues_above_its_last_seq() -> None:
+    """With `seq_start` "time", a subscriber that keeps its state across a replica's restart
+    (the last seq applied, anything not newer dropped) follows the new life: its first batch,
+    AllBlocksCleared, comes above the old life's last seq, and the table ends equal to the new
+    engine's cache. A stream that started over at 0 (the default, vLLM's) would be dropped."""
+    rng = random.Random(7)
+    clock = {"seq_start": "time"}
+    engine, sub = events_engine(page_size=16, events=clock)
+    try:
+        run(engine, workload(rng, 3))
+        sync(engine, sub)
+        old_last = sub.next_seq
+        assert old_last is not None and len(sub.blocks) > 0
+        engine.close()  # its last AllBlocksCleared may or may not reach the subscriber
+        engine, _ = events_engine(page_size=16, sub=sub, events=clock)  # the same endpoints
+        seqs = run(engine, workload(rng, 3))
+        sync(engine, sub)
+        assert sub.next_seq is not None and sub.next_seq > old_last
+        first_new = next(b for b in sub.batches if b[0] >= old_last)
+        assert first_new[1][1] == [{"type": "AllBlocksCleared"}]
+        assert sub.prefixes() == reference(engine, seqs, 16) != set()
+    finally:
+        engine.close()
+        sub.close()
 
 
 def test_dropped_batches_are_replayed() -> None:
@@ -281,6 +315,36 @@ def test_replay_from_a_seq_and_end_marker() -> None:
         req.send((last + 1).to_bytes(8, "big"))
         assert req.poll(5000)
         assert req.recv_multipart() == [(-1).to_bytes(8, "big", signed=True), b""]
+    finally:
+        ctx.destroy(linger=0)
+        engine.close()
+        sub.close()
+
+
+def test_topic_replay_layout_and_seq_from_zero() -> None:
+    """By default a life's seq starts at 0 (vLLM's); `replay_layout` "topic" answers a replay as
+    vLLM does now and vllm-router reads: [b"", topic, seq, payload], the end marker's topic
+    empty. The subscriber decodes that layout into the same table."""
+    engine, sub = events_engine(page_size=16, events={"replay_layout": "topic"})
+    sub.replay_layout = "topic"
+    ctx = zmq.Context()
+    try:
+        seqs = run(engine, workload(random.Random(9), 3))
+        engine.kv.events.publisher.queue.join()  # type: ignore[attr-defined]
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(sub.replay_endpoint or "")
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        frames = []
+        while not frames or frames[-1][2] != (-1).to_bytes(8, "big", signed=True):
+            assert dealer.poll(5000)
+            frames.append(dealer.recv_multipart())
+        assert all(len(f) == 4 and f[0] == b"" for f in frames)
+        assert [f[1] for f in frames] == [b"rkv"] * (len(frames) - 1) + [b""]
+        seq_list = [int.from_bytes(f[2], "big", signed=True) for f in frames]
+        assert seq_list == [*range(len(frames) - 1), -1]
+        assert msgpack.unpackb(frames[0][3])[1] == [{"type": "AllBlocksCleared"}]
+        sub.replay(0)
+        assert sub.prefixes() == reference(engine, seqs, 16) != set()
     finally:
         ctx.destroy(linger=0)
         engine.close()

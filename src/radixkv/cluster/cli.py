@@ -47,7 +47,11 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     up.add_argument("--api-key", default=None, help="required by the router and the replicas")
     up.add_argument("--router-python", default=None, help="a Python with the router installed")
-    up.add_argument("--log-dir", default=None, help="default: a new temporary directory")
+    up.add_argument(
+        "--log-dir", default=None,
+        help="kept (default: a new temporary directory, removed after a clean stop and kept, "
+        "with a warning naming it, when something failed)",
+    )  # fmt: skip
     up.add_argument(
         "serve_args", nargs=argparse.REMAINDER,
         help="after `--`: flags for every `radixkv serve` (e.g. -- --num-slots 8192)",
@@ -86,7 +90,8 @@ def describe(cluster: RunningCluster) -> str:
         lines.append(line)
     if cluster.redis_url:
         lines.append(f"  shared L3: {cluster.redis_url}")
-    lines.append(f"  logs: {cluster.log_dir}")
+    kept = "" if cluster.spec.log_dir else " (removed after a clean stop)"
+    lines.append(f"  logs: {cluster.log_dir}{kept}")
     if cluster.router_url:
         spec = cluster.spec
         lines.insert(0, f"{spec.router} ({spec.policy}) at {cluster.router_url}/v1")

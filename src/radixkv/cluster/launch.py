@@ -13,7 +13,10 @@ sockets (bound by the replica: `kv_event_endpoints`, `kv_replay_endpoints`). A r
 or router comes back on the same ports, so the router and event subscribers find it again.
 Logs (one file per process, appended across restarts) go to `log_dir` (a new temp dir unless
 given). Leaving the `with` block, an exception, SIGTERM/SIGHUP (while the cluster runs in the
-main thread) or interpreter exit stops every process it started.
+main thread) or interpreter exit stops every process it started. A temp dir of its own is removed
+after a clean stop (the block left normally, Ctrl-C, SIGTERM/SIGHUP) and kept when something
+failed (an exception, which then carries a note naming it, or a process that had exited on its
+own): a warning says where. A `log_dir` given is always kept.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
+import shutil
 import signal
 import sys
 import tempfile
@@ -39,6 +44,8 @@ from radixkv.storage.local_services import RedisClusterProcs, free_port
 
 __all__ = ["ClusterError", "ClusterSpec", "RunningCluster", "start_cluster"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -53,6 +60,8 @@ class ClusterSpec:
     router: str = "smg"  # or "vllm-router" or "none"
     shared_l3: bool = False  # a redis-server; each replica gets --hicache-storage-backend redis
     kv_events: bool = False
+    # Keys added to every replica's --kv-events-config (e.g. ("seq_start", "time")).
+    kv_events_options: tuple[tuple[str, object], ...] = ()
     router_python: str | None = None  # an interpreter with the router installed (else cached)
     api_key: str | None = None  # required by the replicas and the router alike
     replica_args: tuple[tuple[str, ...], ...] = ()
@@ -105,6 +114,7 @@ class RunningCluster:
     _plan: RouterPlan | None = field(default=None, repr=False)
     _redis: RedisClusterProcs | None = field(default=None, repr=False)
     _stopped: bool = False
+    crashed: list[str] = field(default_factory=list)  # set by stop(): who had exited on its own
 
     @property
     def headers(self) -> dict[str, str]:
@@ -153,10 +163,13 @@ class RunningCluster:
 
     # -- the whole --------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop the router, then the replicas (cleanly), then Redis. Idempotent."""
+        """Stop the router, then the replicas (cleanly), then Redis; first note in `crashed`
+        every process that had exited on its own. Idempotent."""
         if self._stopped:
             return
         self._stopped = True
+        children = [*self.workers, *([self.router] if self.router is not None else [])]
+        self.crashed = [c.name for c in children if c.crashed]
         if self.router is not None:
             self.router.kill()
         stop_all(self.workers)
@@ -189,6 +202,9 @@ def _start_workers(spec: ClusterSpec, cluster: RunningCluster) -> None:
             rep = f"tcp://127.0.0.1:{free_port()}"
             cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub}
             cfg.update({"replay_endpoint": rep, "topic": "", "bind": True, "block_size": block})
+            if spec.router == "vllm-router":  # it applies replayed batches in this layout only
+                cfg["replay_layout"] = "topic"
+            cfg.update(dict(spec.kv_events_options))
             extra += ["--kv-events-config", json.dumps(cfg)]
             cluster.kv_event_endpoints.append(pub)
             cluster.kv_replay_endpoints.append(rep)
@@ -259,10 +275,11 @@ def start_cluster(spec: ClusterSpec) -> Iterator[RunningCluster]:
     """Start Redis (if asked), the replicas, then the router; yield once every replica answers
     `/health` and the router counts them all healthy. Raises ClusterError (with the log's tail)
     when a process exits or is not ready in time, RouterInstallError when the router cannot be
-    installed."""
+    installed. Logs: see the module's docstring."""
     log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="radixkv-cluster-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     cluster = RunningCluster(spec, log_dir, [], [], [], [])
+    failure: str | None = "it did not finish"
     with _stop_on_signals(cluster.stop):
         try:
             if spec.shared_l3:
@@ -274,5 +291,24 @@ def start_cluster(spec: ClusterSpec) -> Iterator[RunningCluster]:
             if spec.router != "none":
                 _start_router(spec, cluster)
             yield cluster
+            failure = None
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            failure = None  # Ctrl-C, SIGTERM/SIGHUP: the ways to stop it
+            raise
+        except BaseException as exc:
+            failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            exc.add_note(f"cluster logs kept in {log_dir}")
+            raise
         finally:
             cluster.stop()
+            if failure is None and cluster.crashed:
+                failure = f"{', '.join(cluster.crashed)} exited on its own"
+            _tidy_logs(log_dir, own=spec.log_dir is None, failure=failure)
+
+
+def _tidy_logs(log_dir: Path, own: bool, failure: str | None) -> None:
+    """Remove a temp log dir of our own after a clean stop; otherwise keep it, saying where."""
+    if failure is not None:
+        log.warning("cluster logs kept in %s (%s)", log_dir, failure)
+    elif own:
+        shutil.rmtree(log_dir, ignore_errors=True)

@@ -27,10 +27,12 @@ class Child:
     log: Path
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    stopping: bool = field(default=False, repr=False)  # its exit is ours (kill/terminate)
 
     def start(self) -> None:
         """Start the command (never two lives at once: a running one is stopped first)."""
         self.terminate()
+        self.stopping = False
         with open(self.log, "ab") as out:  # the child keeps its own descriptor
             out.write(f"==== {self.name}: {' '.join(self.cmd)}\n".encode())
             out.flush()
@@ -44,17 +46,24 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     @property
+    def crashed(self) -> bool:
+        """It exited on its own (not by `kill`, `terminate` or `stop_all`)."""
+        return self.proc is not None and self.proc.poll() is not None and not self.stopping
+
+    @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
     def kill(self) -> None:
         """SIGKILL (a crash: no clean shutdown) and reap."""
+        self.stopping = True
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
 
     def terminate(self, grace_s: float = 30.0) -> None:
         """SIGTERM (a clean shutdown), then SIGKILL after `grace_s`."""
+        self.stopping = True
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
@@ -92,6 +101,7 @@ def stop_all(children: Sequence[Child], grace_s: float = 30.0) -> None:
     live = [c for c in children if c.alive]
     for c in live:
         assert c.proc is not None
+        c.stopping = True
         c.proc.terminate()
     deadline = time.monotonic() + grace_s
     for c in live:

@@ -39,6 +39,13 @@ OFFLINE_WORDS = (
 )
 
 
+# A router registers each `--worker-urls` worker in the background, re-trying one that does not
+# answer (down when the router started or restarted) every this many seconds: 30 by default in
+# both, which left a returning replica without traffic (a one-replica cluster answering 404 No
+# worker available) for up to half a minute. Loopback probes are cheap.
+STARTUP_CHECK = ["--worker-startup-check-interval", "1"]
+
+
 class RouterInstallError(RuntimeError):
     """pip could not install a router; `offline` when it could not reach the package index."""
 
@@ -123,12 +130,13 @@ class RouterPlan:
             # Its Prometheus listener defaults to 0.0.0.0:29000: loopback, a free port.
             cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
             cmd += ["--load-monitor-interval", "1", "--log-level", "warn"]
+            cmd += STARTUP_CHECK
         elif self.router == "vllm-router":
             exe = self.python.parent / "vllm-router"
             cmd = [str(exe), "--host", "127.0.0.1", "--port", str(self.port)]
             cmd += ["--worker-urls", *self.worker_urls, "--policy", self.policy]
             cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-            cmd += ["--log-level", "warning"]
+            cmd += ["--log-level", "warning", *STARTUP_CHECK]
             for url, endpoint, replay in self.event_sources:
                 cmd += ["--kv-event-source", f"{url}={endpoint}"]
                 if replay is not None:

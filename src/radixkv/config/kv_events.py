@@ -1,7 +1,7 @@
 """`--kv-events-config`: the JSON object vLLM and SGLang take for publishing KV cache events.
 
 The keys, their meaning and their defaults are vLLM's `KVEventsConfig` (SGLang reads the same
-JSON); two keys are ours:
+JSON); five keys are ours:
 
     enable_kv_cache_events  false     publish at all
     publisher               "zmq" when enabled, else "null"
@@ -18,6 +18,16 @@ JSON); two keys are ours:
                                       size (default: the smallest multiple of the page >= 16)
     bind                    null      ours: true binds `endpoint` (tcp://127.0.0.1:5557 for a
                                       router on this host), false connects; null: vLLM's rule
+    seq_start               "zero"    ours: a new life's first seq: 0 (vLLM's; vllm-router
+                                      takes a lower seq for a restart and wants replays that
+                                      start at the seq it asked, 0 when it starts) or "time"
+                                      (the wall clock in microseconds: a restarted replica's
+                                      stream continues above its last life's, for consumers
+                                      that keep the last seq and drop what is not newer)
+    replay_layout           "plain"   ours: replay replies as [b"", seq, payload] ("plain":
+                                      SGLang's, what Dynamo's indexer reads) or [b"", topic,
+                                      seq, payload] ("topic": vLLM's current, what vllm-router
+                                      reads; it ignores the other)
 
 No torch and no zmq here: the CLI checks the flag before anything heavy is imported.
 """
@@ -30,6 +40,8 @@ from typing import Any
 
 PUBLISHERS = ("null", "zmq")
 LAYOUTS = ("map", "tuple")
+REPLAY_LAYOUTS = ("plain", "topic")
+SEQ_STARTS = ("zero", "time")
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size
 
 
@@ -46,6 +58,8 @@ class KVEventsConfig:
     layout: str = "map"
     block_size: int | None = None
     bind: bool | None = None
+    replay_layout: str = "plain"
+    seq_start: str = "zero"
 
     @property
     def active(self) -> bool:
@@ -72,6 +86,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "layout": (str,),
     "block_size": (int, type(None)),
     "bind": (bool, type(None)),
+    "replay_layout": (str,),
+    "seq_start": (str,),
 }
 
 
@@ -108,6 +124,12 @@ def _check(cfg: KVEventsConfig, page_size: int) -> None:
         raise ValueError(f"'publisher' must be one of {list(PUBLISHERS)}, not {cfg.publisher!r}")
     if cfg.layout not in LAYOUTS:
         raise ValueError(f"'layout' must be one of {list(LAYOUTS)}, not {cfg.layout!r}")
+    if cfg.replay_layout not in REPLAY_LAYOUTS:
+        raise ValueError(
+            f"'replay_layout' must be one of {list(REPLAY_LAYOUTS)}, not {cfg.replay_layout!r}"
+        )
+    if cfg.seq_start not in SEQ_STARTS:
+        raise ValueError(f"'seq_start' must be one of {list(SEQ_STARTS)}, not {cfg.seq_start!r}")
     for key in ("buffer_steps", "hwm", "max_queue_size"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"{key!r} must be >= 0")

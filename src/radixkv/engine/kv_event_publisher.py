@@ -4,15 +4,26 @@ The step loop only appends cheap tuples (see `radixkv.engine.kv_events`) and, on
 puts that step's list on a queue. This thread turns each list into events (hashing, on the
 `BlockLedger`), encodes one batch per step with msgpack and sends it as three frames:
 
-    [topic, seq (8 bytes, big-endian, from 0), payload = msgpack([ts, events, dp_rank])]
+    [topic, seq (8 bytes, big-endian), payload = msgpack([ts, events, dp_rank])]
 
 It keeps the last `buffer_steps` encoded batches. A client of the replay ROUTER socket sends
 `[b"", start_seq (8 bytes big-endian)]` (what a REQ or a DEALER with an empty delimiter frame
 sends) and gets back `[b"", seq, payload]` for every buffered batch with seq >= start_seq, then
-`[b"", seq = -1 (8 bytes, signed), b""]`. A subscriber that sees a gap in seq (PUB drops at its
-high-water mark, or it joined late) fills it from there.
+`[b"", seq = -1 (8 bytes, signed), b""]`; with `replay_layout` "topic" (vLLM's current replies,
+the only ones vllm-router applies) a topic frame comes after the delimiter in each, the end
+marker's being empty. A subscriber that sees a gap in seq (PUB drops at its high-water mark, or
+it joined late) fills it from there.
 
-The first batch (seq 0) is AllBlocksCleared: a consumer that knew this replica's blocks before a
+`seq` starts at 0 in every life, as vLLM's (`seq_start` "zero"): vllm-router takes a seq lower
+than the last it applied for a restart (it forgets that replica's blocks) and wants a replay to
+start exactly at the seq it asked for (0 when it starts; "noncontiguous" replays are dropped).
+With `seq_start` "time" it starts at `first_seq()`, the wall clock in microseconds, so a
+restarted replica's stream continues above its previous life's: for consumers that keep the
+last seq per endpoint and drop what is not newer (Dynamo's router ignores a stale event id, an
+AllBlocksCleared included, until it rediscovers the worker); to them the restart is a gap, filled
+from the replay socket, that starts with the new life's AllBlocksCleared.
+
+The first batch is AllBlocksCleared: a consumer that knew this replica's blocks before a
 restart forgets them. Closing sends a last AllBlocksCleared.
 """
 
@@ -38,6 +49,15 @@ Op = tuple[Any, ...]
 _STOP: Any = object()
 
 
+def first_seq() -> int:
+    """A new publisher's first seq with `seq_start` "time": microseconds since 1970 (about
+    2**51 today, far below 2**63, so signed and unsigned readers agree). Invariant: it exceeds
+    every seq an earlier life of this replica sent, provided that life sent fewer batches than
+    microseconds it lived (it sends at most one per engine step) and the host clock did not
+    step back across the restart."""
+    return time.time_ns() // 1000
+
+
 def bind_or_connect(sock: zmq.Socket[Any], endpoint: str, bind: bool | None = None) -> None:
     """`bind` True/False decides; None is vLLM's rule: bind wildcard, ipc:// and inproc://
     endpoints, connect to the others."""
@@ -61,7 +81,7 @@ class ZmqEventPublisher:
         self.topic = cfg.topic.encode()
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=cfg.max_queue_size)
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
-        self.next_seq = 0
+        self.next_seq = first_seq() if cfg.seq_start == "time" else 0
         self.batches_sent = 0
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
@@ -151,10 +171,12 @@ class ZmqEventPublisher:
                 log.warning("kv events: malformed replay request (%d frames)", len(frames))
                 continue
             client, start = frames[0], int.from_bytes(frames[2], "big", signed=True)
+            head = (client, b"", self.topic) if self.cfg.replay_layout == "topic" else (client, b"")
             for seq, payload in list(self.buffer):
                 if seq >= start:
-                    self.replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-            self.replay.send_multipart((client, b"", END_SEQ, b""))
+                    self.replay.send_multipart((*head, seq.to_bytes(8, "big"), payload))
+            end_head = head if len(head) == 2 else (client, b"", b"")
+            self.replay.send_multipart((*end_head, END_SEQ, b""))
 
     def _close_sockets(self) -> None:
         self.pub.close(linger=200)  # a moment for the last batch (AllBlocksCleared) to leave

@@ -98,7 +98,7 @@ class BlockEventSink:
         self.block_size = block_size
         self.page_size = page_size
         self._ops: list[tuple[Any, ...]] = []
-        publisher.put([("C",)])  # seq 0: forget whatever a past life of this replica announced
+        publisher.put([("C",)])  # first batch: forget whatever a past life announced
 
     def stored(
         self,

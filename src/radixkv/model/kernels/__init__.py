@@ -23,19 +23,21 @@ Each returns None where the kernels cannot be built (no compiler, `RADIXKV_CPU_K
 CPU lacks the instructions; callers then take the fallback. The build (about 30-60 s, once) lands
 under the RadixKV cache directory, in a folder named after the torch version, this CPU's
 instruction-set flags (the code is compiled with -march=native) and a hash of the sources, and is
-reused by every later process on the same machine. A build lock left by a killed build is removed
-after 15 minutes instead of hanging every later process.
+reused by every later process on the same machine. Processes take turns on a folder through an
+`fcntl.flock` (`build_lock`), which the OS releases when its holder dies: a killed build delays
+the next process by nothing, and the lock file torch's builder left behind is removed at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -91,20 +93,33 @@ def build_dir() -> Path:
     return cache_root().parent / "kernels" / f"{tag}-{_cpu_tag()}-{_source_tag()}"
 
 
-STALE_LOCK_S = 900.0  # a build takes 1-5 minutes; a lock this old was left by a killed build
+LOCK_NAME = "radixkv-build.lock"
 
 
-def _clear_stale_lock(path: Path) -> None:
-    """torch's builder holds `lock` while it compiles and waits forever on one left behind by a
-    killed build (every later process would hang); such a lock is removed, with a warning."""
-    lock = path / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except OSError:
-        return
-    if age > STALE_LOCK_S:
-        log.warning("removing a stale kernel build lock (%.0f s old): %s", age, lock)
-        lock.unlink(missing_ok=True)
+@contextlib.contextmanager
+def build_lock(path: Path) -> Iterator[None]:
+    """Hold the build folder `path` exclusively: an `fcntl.flock` on `path/radixkv-build.lock`,
+    waited for while another live process holds it (a build takes 1-5 minutes).
+
+    The OS drops a flock when its holder exits, however it exits (SIGKILL included), so a
+    killed build never blocks the next process. Invariant while held: no live RadixKV process
+    builds in `path`, so torch's own lock file there (`lock`, created by its builder and waited
+    on for as long as it exists) was left by a killed build and is removed, with a warning."""
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LOCK_NAME, "a") as held:  # never deleted: the flock lives on its inode
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process building the C++ kernels in %s", path)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            baton = path / "lock"
+            if baton.exists():
+                log.warning("removing a kernel build lock left by a killed build: %s", baton)
+                baton.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def _ensure_ninja_on_path() -> None:
@@ -129,18 +144,17 @@ def cpu_kernels() -> Any:
 
         _ensure_ninja_on_path()
         path = build_dir()
-        path.mkdir(parents=True, exist_ok=True)
-        _clear_stale_lock(path)
         flags = ["-O3", "-fopenmp"]
         if os.uname().machine in ("x86_64", "AMD64"):
             flags.append("-march=native")
-        module = load(
-            name="radixkv_cpu_kernels",
-            sources=[str(src) for src in SOURCES],
-            extra_cflags=flags,
-            build_directory=str(path),
-            verbose=False,
-        )
+        with build_lock(path):
+            module = load(
+                name="radixkv_cpu_kernels",
+                sources=[str(src) for src in SOURCES],
+                extra_cflags=flags,
+                build_directory=str(path),
+                verbose=False,
+            )
     except Exception as exc:  # any build failure means "use the fallbacks"
         log.warning("C++ CPU kernels unavailable (%s); using torch's kernels", exc)
         return None
