@@ -1,6 +1,13 @@
 """Framing of one KV page in storage: a header, the payload, and a checksum.
 
-    value = MAGIC | u32 header length | header (JSON) | payload | blake2b-16(everything before)
+    value = MAGIC | u32 header length | header (JSON) | payload | crc32(everything before)
+
+The checksum is CRC-32 (zlib, which releases the GIL on large buffers): about 3x the speed of
+the blake2b-16 it replaced, and what loading a page from storage spent most of its time on. It
+guards against accidental corruption (torn or truncated writes, flipped bits, garbage): every
+burst of up to 32 bits is caught, anything else with probability 1 - 2^-32, and a value must also
+carry the exact magic, length and header to be accepted. Values of the older blake2b framing
+(magic "RKVP1") fail the magic check: a miss, deleted by the reader, recomputed.
 
 The header names the key it was written under, the model fingerprint, dtype, layers, page size,
 page shape and payload length. `decode_page` accepts a value only if every field matches what the
@@ -10,13 +17,13 @@ page, a value moved to another key) raises CorruptPage, which callers treat as a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
+import zlib
 from dataclasses import asdict, dataclass
 
-MAGIC = b"RKVP1\0"
-_DIGEST = 16
+MAGIC = b"RKVP2\0"
+_DIGEST = 4  # CRC-32, little-endian
 
 
 class CorruptPage(ValueError):
@@ -35,31 +42,36 @@ class PageMeta:
     length: int  # payload bytes
 
 
-def encode_page(key: str, meta: PageMeta, payload: bytes) -> bytes:
+def encode_page(key: str, meta: PageMeta, payload: bytes | memoryview) -> bytes:
+    """The stored value of `payload` (bytes-like; copied once, into the value)."""
     if len(payload) != meta.length:
         raise ValueError(f"payload is {len(payload)} bytes, meta says {meta.length}")
     header = json.dumps({"key": key, **asdict(meta)}, sort_keys=True).encode()
-    body = MAGIC + struct.pack("<I", len(header)) + header + payload
-    return body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
+    head = MAGIC + struct.pack("<I", len(header)) + header
+    crc = zlib.crc32(payload, zlib.crc32(head))
+    return b"".join((head, payload, struct.pack("<I", crc)))
 
 
-def decode_page(key: str, meta: PageMeta, value: bytes) -> bytes:
-    """The payload of `value`, verified against `key` and `meta`; raises CorruptPage."""
+def decode_page(key: str, meta: PageMeta, value: bytes | memoryview) -> memoryview:
+    """The payload of `value`, verified against `key` and `meta`, as a view into `value` (no
+    copy: it keeps `value` alive); raises CorruptPage."""
     fixed = len(MAGIC) + 4
-    if len(value) < fixed + _DIGEST or not value.startswith(MAGIC):
+    view = memoryview(value).cast("B")
+    if len(view) < fixed + _DIGEST or view[: len(MAGIC)] != MAGIC:
         raise CorruptPage("bad magic or truncated value")
-    body, digest = value[:-_DIGEST], value[-_DIGEST:]
-    if hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest:
+    body = view[:-_DIGEST]
+    (digest,) = struct.unpack_from("<I", view, len(body))
+    if zlib.crc32(body) != digest:
         raise CorruptPage("checksum mismatch")
     (hlen,) = struct.unpack_from("<I", body, len(MAGIC))
     try:
-        header = json.loads(body[fixed : fixed + hlen])
+        header = json.loads(bytes(body[fixed : fixed + hlen]))
     except ValueError:
         raise CorruptPage("unreadable header") from None
     want = {"key": key, **asdict(meta)}
     want["shape"] = list(meta.shape)
     if header != want:
-        bad = sorted(k for k in want if header.get(k) != want[k])
+        bad = sorted(k for k in want if not isinstance(header, dict) or header.get(k) != want[k])
         raise CorruptPage(f"header mismatch on {bad}")
     payload = body[fixed + hlen :]
     if len(payload) != meta.length:
