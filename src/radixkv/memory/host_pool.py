@@ -15,6 +15,22 @@ import torch
 
 from radixkv.memory.pool import KVPool
 
+# Below this many pages per run on average, `load` gathers the pages first instead of copying run
+# by run (each run costs two calls per layer).
+MIN_RUN_PAGES = 16
+
+
+def _runs(pages: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of consecutive page numbers: (position in `pages`, first page, length)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, p in enumerate(pages):
+        if runs and runs[-1][1] + runs[-1][2] == p:
+            pos, first, n = runs[-1]
+            runs[-1] = (pos, first, n + 1)
+        else:
+            runs.append((i, int(p), 1))
+    return runs
+
 
 class HostKVPool:
     def __init__(self, device_pool: KVPool, num_pages: int, page_size: int) -> None:
@@ -56,15 +72,26 @@ class HostKVPool:
             self.data[hp, layer, 1] = self._paged(v).index_select(0, dev).to("cpu")
 
     def load(self, host_pages: Sequence[int], device_pages: Sequence[int]) -> None:
-        """Copy host pages back into device pages, every layer: per layer and K/V, one gather
-        of the host pages and one scatter into the device pages (two copies of each byte)."""
+        """Copy host pages back into device pages, every layer. Runs of consecutive host pages
+        (what landing fetched pages one by one in a fresh stretch of the pool gives) are copied
+        straight from a view of the pool, one copy of each byte; scattered pages are gathered
+        first (two copies), where one copy per run would cost more calls than bytes."""
         if not len(device_pages):
             return
-        hp = self._pages(host_pages, "cpu")
-        dev = self._pages(device_pages, self.device_pool.k[0].device)
+        device = self.device_pool.k[0].device
+        runs = _runs(host_pages)
+        if len(runs) > 1 and len(runs) * MIN_RUN_PAGES > len(host_pages):
+            self._copy_in(self._pages(device_pages, device), self._pages(host_pages, "cpu"))
+            return
+        for pos, first, n in runs:
+            self._copy_in(self._pages(device_pages[pos : pos + n], device), slice(first, first + n))
+
+    def _copy_in(self, dev: torch.Tensor, host: torch.Tensor | slice) -> None:
+        """Device pages `dev` := host pages `host` (a tensor of pages: gathered first; a slice:
+        copied from a view of the pool), every layer."""
         for layer, (k, v) in enumerate(zip(self.device_pool.k, self.device_pool.v, strict=True)):
-            self._paged(k).index_copy_(0, dev, self.data[hp, layer, 0].to(k.device))
-            self._paged(v).index_copy_(0, dev, self.data[hp, layer, 1].to(v.device))
+            self._paged(k).index_copy_(0, dev, self.data[host, layer, 0].to(k.device))
+            self._paged(v).index_copy_(0, dev, self.data[host, layer, 1].to(v.device))
 
     def page_payload(self, page: int) -> memoryview:
         """The page's bytes (every layer's K and V), for a storage write: a view of the pool
