@@ -35,6 +35,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     p.set_defaults(func=main)
 
@@ -46,6 +47,8 @@ def _setup(args: argparse.Namespace, store: str) -> Any:
     from radixkv.engine.tiers import TierManager
     from radixkv.memory.pool import KVPool, KVPoolConfig
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     slots = (args.pages + 1) * args.page_size
     cfg = KVPoolConfig(args.layers, args.kv_heads, args.head_dim, slots, dtype)

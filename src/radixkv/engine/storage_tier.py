@@ -177,21 +177,27 @@ class StorageTier:
         live = self._req_fetch.get(rid) == res.token
         found = [(FULL, h, p) for h, p in zip(hashes, res.payloads, strict=False)]
         found += [(*asked[k], p) for k, p in res.extra.items() if k in asked]
-        landed = 0
+        todo: dict[str, list[tuple[bytes, memoryview]]] = {}  # by component, in prompt order
         for sfx, h, payload in found:
             self._known(h, sfx)
+            if self.stores[sfx][0].lookup(h) is None:
+                todo.setdefault(sfx, []).append((h, payload))
+        landed = 0
+        for sfx, items in todo.items():
             index, host = self.stores[sfx]
-            if index.lookup(h) is not None:
+            n = min(len(items), index.free_pages + index.cached_pages)  # the leading ones fit
+            got = index.alloc(n) if n else None
+            if not got:
                 continue
-            got = index.alloc(1)
-            if got is None:
-                continue
-            host.write_payload(got[0], payload)
-            index.add(h, got[0], origin="storage")
-            landed += sfx == FULL
-            if live:
-                index.pin(got[0])
-                self._req_pins.setdefault(rid, []).append((sfx, got[0]))
+            # In ascending page order: a fetched run lands in runs of consecutive host pages,
+            # which L2 -> L1 loads copy straight from a view of the pool (HostKVPool.load).
+            for hp, (h, payload) in zip(sorted(got), items, strict=False):
+                host.write_payload(hp, payload)
+                index.add(h, hp, origin="storage")
+                landed += sfx == FULL
+                if live:
+                    index.pin(hp)
+                    self._req_pins.setdefault(rid, []).append((sfx, hp))
         return landed
 
     @property

@@ -17,6 +17,7 @@ page, a value moved to another key) raises CorruptPage, which callers treat as a
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import zlib
@@ -42,11 +43,27 @@ class PageMeta:
     length: int  # payload bytes
 
 
+_SLOT = json.dumps("\0key\0")  # stands for the key in a cached header template
+
+
+@functools.lru_cache(maxsize=64)
+def _template(meta: PageMeta) -> tuple[str, str]:
+    """The header's JSON before and after the key's (fields sorted, as json.dumps sorts)."""
+    pre, post = json.dumps({"key": "\0key\0", **asdict(meta)}, sort_keys=True).split(_SLOT)
+    return pre, post
+
+
+def _header(key: str, meta: PageMeta) -> bytes:
+    """json.dumps({"key": key, **asdict(meta)}, sort_keys=True), from a per-meta template."""
+    pre, post = _template(meta)
+    return (pre + json.dumps(key) + post).encode()
+
+
 def encode_page(key: str, meta: PageMeta, payload: bytes | memoryview) -> bytes:
     """The stored value of `payload` (bytes-like; copied once, into the value)."""
     if len(payload) != meta.length:
         raise ValueError(f"payload is {len(payload)} bytes, meta says {meta.length}")
-    header = json.dumps({"key": key, **asdict(meta)}, sort_keys=True).encode()
+    header = _header(key, meta)
     head = MAGIC + struct.pack("<I", len(header)) + header
     crc = zlib.crc32(payload, zlib.crc32(head))
     return b"".join((head, payload, struct.pack("<I", crc)))
@@ -64,16 +81,22 @@ def decode_page(key: str, meta: PageMeta, value: bytes | memoryview) -> memoryvi
     if zlib.crc32(body) != digest:
         raise CorruptPage("checksum mismatch")
     (hlen,) = struct.unpack_from("<I", body, len(MAGIC))
-    try:
-        header = json.loads(bytes(body[fixed : fixed + hlen]))
-    except ValueError:
-        raise CorruptPage("unreadable header") from None
-    want = {"key": key, **asdict(meta)}
-    want["shape"] = list(meta.shape)
-    if header != want:
-        bad = sorted(k for k in want if not isinstance(header, dict) or header.get(k) != want[k])
-        raise CorruptPage(f"header mismatch on {bad}")
+    header = body[fixed : fixed + hlen]
+    if header != _header(key, meta):  # the exact bytes the writer of this key wrote
+        raise CorruptPage(_mismatch(key, meta, bytes(header)))
     payload = body[fixed + hlen :]
     if len(payload) != meta.length:
         raise CorruptPage("payload length mismatch")
     return payload
+
+
+def _mismatch(key: str, meta: PageMeta, header: bytes) -> str:
+    """What is wrong with a header that is not the expected one (the slow path)."""
+    try:
+        got = json.loads(header)
+    except ValueError:
+        return "unreadable header"
+    want = {"key": key, **asdict(meta)}
+    want["shape"] = list(meta.shape)
+    bad = sorted(k for k in want if not isinstance(got, dict) or got.get(k) != want[k])
+    return f"header mismatch on {bad or 'its encoding'}"
