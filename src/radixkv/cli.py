@@ -26,6 +26,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.engine", True),  # bench engine
     ("radixkv.bench.tiers", True),  # bench tiers
     ("radixkv.bench.storage", True),  # bench storage
+    ("radixkv.bench.tier_load", True),  # bench tierload
     ("radixkv.bench.eviction", True),  # bench eviction
     ("radixkv.bench.serve", True),  # bench serve
     ("radixkv.bench.compare", True),  # bench compare

@@ -5,17 +5,19 @@ slow or failing backend is not waited for, and the counts show in the tier stats
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_helpers import make_engine, run_checked
 from prometheus_client.parser import text_string_to_metric_families
-from tier_helpers import SlowBackend, reference, run_one_by_one, tier_engine
+from tier_helpers import LM, SlowBackend, reference, run_one_by_one, tier_engine
 
 from radixkv.engine.engine import Engine
 from radixkv.engine.prefetch import WAIT_COMPLETE_CAP_S, PrefetchPolicy, RunningLine
-from radixkv.engine.types import EngineMetrics
+from radixkv.engine.types import EngineMetrics, SamplingParams
 from radixkv.server.metrics import ServerMetrics
 
 PAGE = 16
@@ -125,6 +127,34 @@ def test_unmeasured_waits_bounded_then_learns() -> None:
     assert not d.wait and d.reason == "slower"
 
 
+def test_extensions_that_only_miss_are_not_waited_for() -> None:
+    """A conversation's new turn continues a prefix held locally and was never stored: once
+    such fetches are seen to miss, they are not waited for, while known pages and cold prompts
+    (a restarted server's) still are; one that starts finding pages is waited for again."""
+    p = measured(bytes_per_s=1e9)
+    turn = 8  # pages of a 128-token turn
+    d = p.decide(turn, PAGE, PAGE_BYTES, first="extension")
+    assert d.wait and d.reason == "cheaper"  # nothing known about extensions yet
+    p.observe_found("extension", 0, turn)
+    d = p.decide(turn, PAGE, PAGE_BYTES, first="extension")
+    assert not d.wait and d.reason == "miss"
+    assert p.decide(PAGES, PAGE, PAGE_BYTES, first="known").wait
+    assert p.decide(PAGES, PAGE, PAGE_BYTES, first="cold").wait
+    for _ in range(3):
+        p.observe_found("cold", 0, PAGES)  # cold misses never stop a cold prompt's wait
+    assert p.decide(PAGES, PAGE, PAGE_BYTES, first="cold").wait
+    p.observe_found("extension", turn, turn)  # another replica stores continuations
+    d = p.decide(turn, PAGE, PAGE_BYTES, first="extension")
+    assert d.wait and d.reason == "cheaper"
+    unmeasured = PrefetchPolicy()  # a fresh server: misses alone say nothing of the cost
+    unmeasured.observe_found("extension", 0, turn)
+    d = unmeasured.decide(turn, PAGE, PAGE_BYTES, first="extension")
+    assert not d.wait and d.reason == "miss"
+    s = p.stats()
+    assert 0.0 < s["prefetch_est_found_extension"] < 1.0 and s["prefetch_est_found_cold"] == 0.0
+    assert s["prefetch_est_found_known"] == -1.0  # none fetched
+
+
 def test_sglang_policies_keep_their_meaning() -> None:
     slow = {"bytes_per_s": 1e3}
     assert not measured(bytes_per_s=1e12, name="best_effort").decide(PAGES, PAGE, 1).wait
@@ -200,3 +230,26 @@ def test_failing_backend_is_not_waited_for(tmp_path: Path) -> None:
     assert s["storage_healthy"] == 0 and s["prefetch_decided_unhealthy"] >= 1, s
     assert b.metrics().cached_tokens_by_tier["storage"] == 0
     b.close()
+
+
+def test_new_turns_of_a_conversation_are_not_held(tmp_path: Path) -> None:
+    """Multi-turn with the history in L1 and a file L3 (the default policy): each new turn's
+    pages are fetched (they can only miss); only the first such fetch is waited for. Before,
+    every turn waited for its all-miss round trip ("unmeasured"). Outputs stay exact."""
+    rng = random.Random(5)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    ref = make_engine(LM, disable_radix_cache=True)
+    e = tier_engine(num_slots=2048, **_file(tmp_path))
+    history: list[int] = []
+    for _ in range(6):
+        history += [rng.randrange(38) for _ in range(40)]
+        want = run_checked(ref, [history], sp)[0].output_token_ids
+        got = run_checked(e, [history], sp)[0].output_token_ids
+        assert got == want
+        history += got
+    s = e.metrics().tier_stats
+    assert s["prefetch_waited"] <= 2, s  # the first prompt (cold) and the first new turn
+    assert s["prefetch_decided_miss"] >= 4, s
+    assert s["prefetch_est_found_extension"] == 0.0, s
+    assert e.metrics().cached_tokens_by_tier["device"] >= 5 * 40  # the history, from L1
+    e.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -37,6 +38,27 @@ def test_codec_roundtrip_and_every_corruption_is_detected() -> None:
         )
     with pytest.raises(CorruptPage):  # a valid value moved under another key
         decode_page("k2", META, value)
+
+
+def test_codec_checksum_catches_every_single_flip_and_the_old_framing() -> None:
+    """The CRC-32 framing: one flipped bit anywhere (magic, header, payload, checksum) is a
+    CorruptPage, a value of the older blake2b framing ("RKVP1") too, and the payload comes back
+    as a view into the value (the fetch path copies it once, into the host pool)."""
+    meta = PageMeta("fp-a", "bfloat16", 2, 4, (64,), 4096)
+    payload = bytes(range(256)) * 16
+    value = encode_page("k1", meta, memoryview(payload))
+    got = decode_page("k1", meta, value)
+    assert isinstance(got, memoryview) and got == payload and got.obj is value
+    for pos in range(0, len(value), 97):
+        for bit in (0x01, 0x80):
+            flipped = bytearray(value)
+            flipped[pos] ^= bit
+            with pytest.raises(CorruptPage):
+                decode_page("k1", meta, bytes(flipped))
+    old = b"RKVP1\0" + value[6:-4]
+    old += hashlib.blake2b(old, digest_size=16).digest()
+    with pytest.raises(CorruptPage, match="magic"):
+        decode_page("k1", meta, old)
 
 
 def test_file_backend_atomic_and_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -297,7 +297,9 @@ class HybridTierManager(TierManager):
                     extra_in_l2.append((comp, hp))
         if not want and not extra:
             return None
-        return self.storage.start_prefetch(req.request_id, want, in_l2, ps, extra, extra_in_l2)
+        return self.storage.start_prefetch(
+            req.request_id, want, in_l2, ps, extra, extra_in_l2, local=have > 0
+        )
 
     # -- whole-tier operations -----------------------------------------------------------------
     def flush(self, device_reset: bool) -> None:

@@ -25,6 +25,19 @@ never held. For the pages past them, SGLang's policies keep their meaning:
   the backend. Round trips that only missed measure the
   latency alone; the load they predict is a lower bound, already enough to say "slower".
 
+  Whether the pages are there at all is measured too: per fetch, the share of the pages asked
+  that were found (`FoundRate`), by what the replica knew of the first page asked (FIRST_KINDS):
+  "known" (it wrote or read that page in L3), "extension" (no record of it, but it continues a
+  prefix the replica holds in L1/L2: typically a conversation's new turn, never stored, a sure
+  miss), "cold" (no record and nothing of the prompt held locally: a restarted server's or a
+  new replica's prompt, which another process may well have stored). For known and extension
+  first pages, loading saves that share of the recompute in expectation, so a request waits
+  only if found share x recompute > load; otherwise it is not held ("miss") and its fetch still
+  runs in the background, so a store that starts hitting (another replica wrote) is learnt
+  from. Before the first fetch of its kind a known page counts as found and an extension waits
+  unmeasured; a cold prompt is always decided as before (its first request after a restart
+  must find its prefix in L3, whatever missed before it).
+
 Each estimate is a line y = a + b*x fitted by exponentially weighted least squares
 (`RunningLine`): recent observations weigh most, so the estimates follow a backend or a load
 that changes. Everything here is plain Python on the engine thread; the decision is a pure
@@ -45,7 +58,10 @@ if TYPE_CHECKING:
 WAIT_COMPLETE_CAP_S = 60.0  # no request waits forever, even under wait_complete
 COST_AWARE = "cost_aware"
 # Why a request did (not) wait; "refused": the fetch could not be queued (queue full).
-REASONS = ("policy", "cheaper", "unmeasured", "slower", "unhealthy", "refused")
+# What a replica knows of the first page it asks storage for (see the module doc).
+FIRST_KINDS = ("known", "extension", "cold")
+# "miss": the found share measured for pages like these makes waiting a likely loss.
+REASONS = ("policy", "cheaper", "unmeasured", "slower", "unhealthy", "refused", "miss")
 
 
 class RunningLine:
@@ -88,6 +104,27 @@ class RunningLine:
         return a, b
 
 
+class FoundRate:
+    """The share of the pages asked that fetches found, weighted as RunningLine weighs (half
+    the weight in the last `half_life` fetches); None before the first."""
+
+    def __init__(self, half_life: float = 8.0) -> None:
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.count = 0
+        self._w = self._found = 0.0
+
+    def observe(self, found: int, asked: int) -> None:
+        if asked <= 0:
+            return
+        self._w = self._w * self.decay + 1.0
+        self._found = self._found * self.decay + min(found, asked) / asked
+        self.count += 1
+
+    @property
+    def value(self) -> float | None:
+        return self._found / self._w if self._w > 0 else None
+
+
 @dataclass(frozen=True)
 class Decision:
     """Whether one request waits for its storage pages, and for how long at most."""
@@ -124,6 +161,8 @@ class PrefetchPolicy:
         self.fetch_batch = max(1, fetch_batch)
         self.fetch = RunningLine()  # seconds per backend round trip vs bytes it returned
         self.prefill = RunningLine()  # seconds per forward step vs tokens in it (with prefill)
+        # Share of the pages asked that fetches found, by FIRST_KINDS of their first page.
+        self.found = {kind: FoundRate() for kind in FIRST_KINDS}
         self.counters = PrefetchCounters()
         self.last: Decision | None = None
 
@@ -132,6 +171,19 @@ class PrefetchPolicy:
         """Round trips of one finished fetch job: (bytes returned, seconds), misses included."""
         for nbytes, seconds in samples:
             self.fetch.observe(float(nbytes), seconds)
+
+    def observe_found(self, first: str, found: int, asked: int) -> None:
+        """A finished fetch found `found` of the `asked` pages; `first`: what was known of its
+        first page when it was asked for (FIRST_KINDS)."""
+        self.found[first].observe(found, asked)
+
+    def expected_found(self, first: str) -> float | None:
+        """The share of the pages a fetch is expected to find, or None where the decision does
+        not use one (a cold prompt; an extension before any was fetched)."""
+        if first == "cold":
+            return None
+        share = self.found[first].value
+        return 1.0 if share is None and first == "known" else share
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """One forward step that prefilled: all its tokens, its wall time."""
@@ -168,9 +220,11 @@ class PrefetchPolicy:
         page_bytes: int,
         healthy: bool = True,
         queued_pages: int = 0,
+        first: str = "known",
     ) -> Decision:
         """Should a request wait for `pages` storage pages (the part past L1 and L2), with
-        `queued_pages` pages of other fetches queued before them? Pure: `count` records it."""
+        `queued_pages` pages of other fetches queued before them? `first`: what is known of the
+        first of them (FIRST_KINDS). Pure: `count` records it."""
         if self.name == "best_effort":
             return Decision(False, 0.0, "policy")
         if self.name == "wait_complete":
@@ -189,6 +243,9 @@ class PrefetchPolicy:
         bound = self.timeout_s if recompute is None else min(WAIT_COMPLETE_CAP_S, recompute)
         if load is not None and load >= bound:  # even a lower bound of the load: no gain
             return Decision(False, 0.0, "slower", load, recompute)
+        share = self.expected_found(first)
+        if share is not None and _not_worth(share, load, recompute):
+            return Decision(False, 0.0, "miss", load, recompute)
         if load is None or not bandwidth_known or recompute is None:
             return Decision(True, bound, "unmeasured", load, recompute)
         return Decision(True, bound, "cheaper", load, recompute)
@@ -232,9 +289,20 @@ class PrefetchPolicy:
             "prefetch_last_recompute_s": _or_none(last.recompute_s if last else None),
             "prefetch_last_waited": int(last.wait) if last else -1,
         }
+        for kind, rate in self.found.items():  # the share of pages found, by first page (-1)
+            out[f"prefetch_est_found_{kind}"] = _or_none(rate.value)
         for reason in REASONS:
             out[f"prefetch_decided_{reason}"] = c.reasons.get(reason, 0)
         return out
+
+
+def _not_worth(share: float, load: float | None, recompute: float | None) -> bool:
+    """Waiting does not pay in expectation: the recompute it saves (`share` of it) is no more
+    than the load (a lower bound of it, or 0 while unmeasured). An unmeasured recompute counts
+    as worth any wait unless nothing is expected to be found."""
+    if share <= 0.0:
+        return True
+    return recompute is not None and share * recompute <= (load or 0.0)
 
 
 def _inverse(b: float | None) -> float:

@@ -30,9 +30,9 @@ class HostPages(Protocol):
     @property
     def page_bytes(self) -> int: ...
 
-    def page_payload(self, page: int) -> bytes: ...
+    def page_payload(self, page: int) -> bytes | memoryview: ...
 
-    def write_payload(self, page: int, payload: bytes) -> None: ...
+    def write_payload(self, page: int, payload: bytes | memoryview) -> None: ...
 
 
 class StorageTier:
@@ -52,6 +52,7 @@ class StorageTier:
         # fetch id -> (request, FULL hashes, the extra keys asked: key -> (suffix, hash))
         self._fetching: dict[int, tuple[str, list[bytes], dict[str, tuple[str, bytes]]]] = {}
         self._req_fetch: dict[str, int] = {}  # request id -> its fetch id
+        self._fetch_first: dict[int, str] = {}  # fetch id -> what was known of its first page
         # Host pages (suffix, page) a request's prefetch landed, pinned until its match.
         self._req_pins: dict[str, list[tuple[str, int]]] = {}
         self._held: dict[str, float] = {}  # request id -> when its hold began (monotonic)
@@ -88,15 +89,20 @@ class StorageTier:
         page_size: int,
         extra: Sequence[tuple[int, str, bytes]] = (),
         extra_in_l2: Sequence[tuple[str, int]] = (),
+        local: bool = False,
     ) -> float | None:
         """Fetch the pages `want` (the prompt's pages past L1 and the L2 pages `in_l2`), and
         each `extra` value (need, suffix, hash) of another component whose `need` <= the run
         of `want` found; decide whether the request waits for them: the longest it may be
         held (seconds), or None. A held request's L2 pages (`in_l2`, `extra_in_l2`) are pinned
-        until `unpin_request` (its match)."""
+        until `unpin_request` (its match). `local`: `want` continues pages L1/L2 hold (what the
+        policy knows of the first page: FIRST_KINDS)."""
         queued = sum(len(h) for _, h, _ in self._fetching.values())
+        # The found share is learnt apart by what is known of the first page: a conversation's
+        # new turn (an extension) is never in L3, a restarted server's prompt (cold) may be.
+        first = self._first_kind(want, local)
         d = self.prefetch.decide(
-            max(1, len(want)), page_size, self.host.page_bytes, self.worker.healthy, queued
+            max(1, len(want)), page_size, self.host.page_bytes, self.worker.healthy, queued, first
         )
         fid = self._fetch_ids = self._fetch_ids + 1
         asked = {self.key(h, sfx): (sfx, h) for _, sfx, h in extra}
@@ -104,6 +110,7 @@ class StorageTier:
         if self.worker.submit_fetch(fid, [h.hex() for h in want], extra_keys):
             self._fetching[fid] = (request_id, want, asked)
             self._req_fetch[request_id] = fid
+            self._fetch_first[fid] = first
             self.prefetch_started += 1
         elif d.wait:
             d = dataclasses.replace(d, wait=False, bound_s=0.0, reason="refused")
@@ -116,6 +123,13 @@ class StorageTier:
         self._req_pins.setdefault(request_id, []).extend(pins)
         self._held[request_id] = time.monotonic()
         return d.bound_s
+
+    def _first_kind(self, want: list[bytes], local: bool) -> str:
+        """FIRST_KINDS of `want[0]`: known in L3 by this replica, else an extension of a local
+        prefix, else cold (no FULL page asked: known, nothing of it can miss)."""
+        if not want or (FULL, want[0]) in self._stored:
+            return "known"
+        return "extension" if local else "cold"
 
     def prefetch_pending(self, request_id: str) -> bool:
         fid = self._req_fetch.get(request_id)
@@ -150,6 +164,9 @@ class StorageTier:
                     self._known(h, sfx)
             elif isinstance(res, FetchDone):
                 self.prefetch.observe_fetch(res.timings)
+                asked = len(self._fetching.get(res.token, ("", [], {}))[1])
+                first = self._fetch_first.pop(res.token, "known")
+                self.prefetch.observe_found(first, len(res.payloads), asked)
                 landed += self._land(res)
         return landed
 
@@ -160,21 +177,27 @@ class StorageTier:
         live = self._req_fetch.get(rid) == res.token
         found = [(FULL, h, p) for h, p in zip(hashes, res.payloads, strict=False)]
         found += [(*asked[k], p) for k, p in res.extra.items() if k in asked]
-        landed = 0
+        todo: dict[str, list[tuple[bytes, memoryview]]] = {}  # by component, in prompt order
         for sfx, h, payload in found:
             self._known(h, sfx)
+            if self.stores[sfx][0].lookup(h) is None:
+                todo.setdefault(sfx, []).append((h, payload))
+        landed = 0
+        for sfx, items in todo.items():
             index, host = self.stores[sfx]
-            if index.lookup(h) is not None:
+            n = min(len(items), index.free_pages + index.cached_pages)  # the leading ones fit
+            got = index.alloc(n) if n else None
+            if not got:
                 continue
-            got = index.alloc(1)
-            if got is None:
-                continue
-            host.write_payload(got[0], payload)
-            index.add(h, got[0], origin="storage")
-            landed += sfx == FULL
-            if live:
-                index.pin(got[0])
-                self._req_pins.setdefault(rid, []).append((sfx, got[0]))
+            # In ascending page order: a fetched run lands in runs of consecutive host pages,
+            # which L2 -> L1 loads copy straight from a view of the pool (HostKVPool.load).
+            for hp, (h, payload) in zip(sorted(got), items, strict=False):
+                host.write_payload(hp, payload)
+                index.add(h, hp, origin="storage")
+                landed += sfx == FULL
+                if live:
+                    index.pin(hp)
+                    self._req_pins.setdefault(rid, []).append((sfx, hp))
         return landed
 
     @property

@@ -287,7 +287,9 @@ class TierManager:
         want = hs[have : have + MAX_PREFETCH_PAGES]
         if not want:
             return None
-        return self.storage.start_prefetch(req.request_id, want, in_l2, self.page_size)
+        return self.storage.start_prefetch(
+            req.request_id, want, in_l2, self.page_size, local=have > 0
+        )
 
     def _l2_run(self, req: Request, l1_tokens: int) -> tuple[list[bytes], int, list[int]]:
         """The prompt's page hashes (whole pages of all but its last token), the page index

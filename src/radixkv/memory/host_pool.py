@@ -15,6 +15,22 @@ import torch
 
 from radixkv.memory.pool import KVPool
 
+# Below this many pages per run on average, `load` gathers the pages first instead of copying run
+# by run (each run costs two calls per layer).
+MIN_RUN_PAGES = 16
+
+
+def _runs(pages: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of consecutive page numbers: (position in `pages`, first page, length)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, p in enumerate(pages):
+        if runs and runs[-1][1] + runs[-1][2] == p:
+            pos, first, n = runs[-1]
+            runs[-1] = (pos, first, n + 1)
+        else:
+            runs.append((i, int(p), 1))
+    return runs
+
 
 class HostKVPool:
     def __init__(self, device_pool: KVPool, num_pages: int, page_size: int) -> None:
@@ -35,40 +51,55 @@ class HostKVPool:
     def page_bytes(self) -> int:
         return int(self.data[0].numel() * self.data.element_size())
 
-    def _slots(self, device_pages: Sequence[int]) -> torch.Tensor:
+    def _pages(self, pages: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        return torch.as_tensor(list(pages), dtype=torch.int64, device=device)
+
+    def _paged(self, t: torch.Tensor) -> torch.Tensor:
+        """A device pool layer [num_slots, H, D] as whole pages [num_pages, page_size, H, D] (a
+        view: writes go to the pool; slots past the last whole page are left out)."""
         ps = self.page_size
-        arr = np.asarray(device_pages, dtype=np.int64)
-        flat = (arr[:, None] * ps + np.arange(ps, dtype=np.int64)).reshape(-1)
-        return torch.from_numpy(flat).to(self.device_pool.k[0].device)
+        return t[: t.shape[0] // ps * ps].view(-1, ps, *t.shape[1:])
 
     def save(self, device_pages: Sequence[int], host_pages: Sequence[int]) -> None:
-        """Copy device pages (page ids of the device allocator) into host pages, every layer."""
+        """Copy device pages (page ids of the device allocator) into host pages, every layer:
+        per layer and K/V, one gather of the device pages and one scatter into the host pages."""
         if not len(device_pages):
             return
-        slots = self._slots(device_pages)
-        hp = torch.as_tensor(list(host_pages), dtype=torch.int64)
-        n, ps = len(device_pages), self.page_size
+        dev = self._pages(device_pages, self.device_pool.k[0].device)
+        hp = self._pages(host_pages, "cpu")
         for layer, (k, v) in enumerate(zip(self.device_pool.k, self.device_pool.v, strict=True)):
-            kv = torch.stack((k.index_select(0, slots), v.index_select(0, slots)))
-            kv = kv.view(2, n, ps, *k.shape[1:]).transpose(0, 1)  # [n, 2, ps, H, D]
-            self.data[hp, layer] = kv.to("cpu")
+            self.data[hp, layer, 0] = self._paged(k).index_select(0, dev).to("cpu")
+            self.data[hp, layer, 1] = self._paged(v).index_select(0, dev).to("cpu")
 
     def load(self, host_pages: Sequence[int], device_pages: Sequence[int]) -> None:
-        """Copy host pages back into device pages, every layer."""
+        """Copy host pages back into device pages, every layer. Runs of consecutive host pages
+        (what landing fetched pages one by one in a fresh stretch of the pool gives) are copied
+        straight from a view of the pool, one copy of each byte; scattered pages are gathered
+        first (two copies), where one copy per run would cost more calls than bytes."""
         if not len(device_pages):
             return
-        slots = self._slots(device_pages)
-        hp = torch.as_tensor(list(host_pages), dtype=torch.int64)
+        device = self.device_pool.k[0].device
+        runs = _runs(host_pages)
+        if len(runs) > 1 and len(runs) * MIN_RUN_PAGES > len(host_pages):
+            self._copy_in(self._pages(device_pages, device), self._pages(host_pages, "cpu"))
+            return
+        for pos, first, n in runs:
+            self._copy_in(self._pages(device_pages[pos : pos + n], device), slice(first, first + n))
+
+    def _copy_in(self, dev: torch.Tensor, host: torch.Tensor | slice) -> None:
+        """Device pages `dev` := host pages `host` (a tensor of pages: gathered first; a slice:
+        copied from a view of the pool), every layer."""
         for layer, (k, v) in enumerate(zip(self.device_pool.k, self.device_pool.v, strict=True)):
-            kv = self.data[hp, layer].to(k.device)  # [n, 2, ps, H, D]
-            k.index_copy_(0, slots, kv[:, 0].reshape(-1, *k.shape[1:]))
-            v.index_copy_(0, slots, kv[:, 1].reshape(-1, *v.shape[1:]))
+            self._paged(k).index_copy_(0, dev, self.data[host, layer, 0].to(k.device))
+            self._paged(v).index_copy_(0, dev, self.data[host, layer, 1].to(v.device))
 
-    def page_payload(self, page: int) -> bytes:
-        """The page's bytes (every layer's K and V), for a storage write."""
-        return self.data[page].contiguous().view(torch.uint8).numpy().tobytes()
+    def page_payload(self, page: int) -> memoryview:
+        """The page's bytes (every layer's K and V), for a storage write: a view of the pool
+        (no copy), valid while nobody writes the page (the tiers pin it until the write ends)."""
+        return self.data[page].view(torch.uint8).numpy().reshape(-1).data
 
-    def write_payload(self, page: int, payload: bytes) -> None:
-        """Fill a host page from bytes produced by `page_payload` (length checked by caller)."""
-        raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        self.data[page] = raw.view(self.dtype).view(self.page_shape)
+    def write_payload(self, page: int, payload: bytes | memoryview) -> None:
+        """Fill a host page from bytes produced by `page_payload` (length checked by caller):
+        one copy, from the buffer straight into the pool."""
+        dst = self.data[page].view(torch.uint8).numpy().reshape(-1)
+        dst[:] = np.frombuffer(payload, dtype=np.uint8)

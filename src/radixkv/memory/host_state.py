@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from radixkv.memory.hybrid import StatePool
@@ -70,15 +71,16 @@ class HostStatePool:
 
     def page_payload(self, page: int) -> bytes:
         return b"".join(
-            self.data[li][name][page].contiguous().view(torch.uint8).numpy().tobytes()
+            self.data[li][name][page].contiguous().reshape(-1).view(torch.uint8).numpy().data
             for li, name, _ in self._sizes
         )
 
-    def write_payload(self, page: int, payload: bytes) -> None:
-        """Fill an entry from bytes produced by `page_payload` (length checked by the caller)."""
-        raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    def write_payload(self, page: int, payload: bytes | memoryview) -> None:
+        """Fill an entry from bytes produced by `page_payload` (length checked by the caller):
+        one copy per tensor, from the buffer straight into the pool."""
+        raw = np.frombuffer(payload, dtype=np.uint8)
         pos = 0
         for li, name, n in self._sizes:
-            t = self.data[li][name]
-            t[page] = raw[pos : pos + n].view(t.dtype).view(t.shape[1:])
+            dst = self.data[li][name][page].reshape(-1).view(torch.uint8).numpy()
+            dst[:] = raw[pos : pos + n]
             pos += n

@@ -37,13 +37,15 @@ class WriteDone:
 @dataclass
 class FetchDone:
     token: Any
-    payloads: list[bytes]  # verified payloads of the leading keys found, in order
+    # Verified payloads of the leading keys found, in order: views into the values read (no
+    # copy until the engine thread lands them in L2).
+    payloads: list[memoryview]
     # (bytes returned, seconds) per backend round trip, verification included: what the
     # prefetch policy's bandwidth estimate learns from (failed round trips are not timed).
     timings: list[tuple[int, float]] = field(default_factory=list, compare=False)
     # Verified payloads of the job's `extra` keys that were present (a hybrid model's SWA pages
     # and state checkpoints: each one alone, a miss does not end anything), by key.
-    extra: dict[str, bytes] = field(default_factory=dict)
+    extra: dict[str, memoryview] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,7 +114,7 @@ class StorageWorker:
     def pending_writes(self) -> int:
         return self._pending_writes
 
-    def submit_write(self, token: Any, key: str, payload: Callable[[], bytes]) -> bool:
+    def submit_write(self, token: Any, key: str, payload: Callable[[], bytes | memoryview]) -> bool:
         """Queue a write; False (nothing queued) when refused. `payload` runs on the writer
         thread; it must read memory nobody changes until the WriteDone for `token` is polled."""
         if not self._usable():
@@ -230,7 +232,7 @@ class StorageWorker:
                 extra = self._fetch_each(wanted, timings)
                 self.results.put(FetchDone(job[0], payloads, timings, extra))
 
-    def _write(self, key: str, payload: Callable[[], bytes]) -> bool:
+    def _write(self, key: str, payload: Callable[[], bytes | memoryview]) -> bool:
         if not self._usable():
             self._count("writes_failed")
             return False
@@ -244,11 +246,11 @@ class StorageWorker:
         self._count("writes_ok")
         return True
 
-    def _fetch(self, keys: list[str], timings: list[tuple[int, float]]) -> list[bytes]:
+    def _fetch(self, keys: list[str], timings: list[tuple[int, float]]) -> list[memoryview]:
         """Verified payloads of the leading run of `keys` present in storage, read in batches
         of `fetch_batch` (one round trip each, timed into `timings`); stops at the first miss,
         error or bad value."""
-        out: list[bytes] = []
+        out: list[memoryview] = []
         for start in range(0, len(keys), self.fetch_batch):
             batch = keys[start : start + self.fetch_batch]
             if not self._usable():
@@ -268,10 +270,12 @@ class StorageWorker:
                 break
         return out
 
-    def _fetch_each(self, keys: list[str], timings: list[tuple[int, float]]) -> dict[str, bytes]:
+    def _fetch_each(
+        self, keys: list[str], timings: list[tuple[int, float]]
+    ) -> dict[str, memoryview]:
         """Verified payloads of those `keys` present in storage (a miss or a bad value skips
         that key only), in batches of `fetch_batch`; stops at an error."""
-        out: dict[str, bytes] = {}
+        out: dict[str, memoryview] = {}
         for start in range(0, len(keys), self.fetch_batch):
             batch = keys[start : start + self.fetch_batch]
             if not self._usable():
@@ -302,7 +306,7 @@ class StorageWorker:
         first = next((i for i, v in enumerate(values) if v is None), len(values))
         return values[: first + 1] + [self.backend.get(k) for k in keys[first + 1 :]]
 
-    def _take(self, batch: list[str], values: list[bytes | None], out: list[bytes]) -> bool:
+    def _take(self, batch: list[str], values: list[bytes | None], out: list[memoryview]) -> bool:
         """Append the verified payloads of the leading present values; False at a miss or a
         bad value (the run ends there)."""
         for key, value in zip(batch, values, strict=True):
@@ -316,7 +320,7 @@ class StorageWorker:
             self._count("reads_hit")
         return True
 
-    def _verify(self, key: str, value: bytes) -> bytes | None:
+    def _verify(self, key: str, value: bytes) -> memoryview | None:
         """The page's payload, or None after deleting a value that fails verification."""
         try:
             return decode_page(key, self.meta_for(key), value)
