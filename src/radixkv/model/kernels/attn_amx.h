@@ -70,6 +70,15 @@ struct Scratch {
   }
 };
 
+// One thread's tile configuration (held while it lives) and scratch.
+struct TileThread {
+  Scratch w;
+  explicit TileThread(int64_t D) : w(D) { radixkv_amx::configure(); }
+  ~TileThread() { _tile_release(); }
+  TileThread(const TileThread&) = delete;
+  TileThread& operator=(const TileThread&) = delete;
+};
+
 // Lanes of keys [first, first + 16) that lie in [lo, hi].
 inline __mmask16 visible(int64_t first, int64_t lo, int64_t hi) {
   if (hi < first || lo > first + 15) return 0;

@@ -142,6 +142,33 @@ void attend_one(const T* qp, const T* kp, const T* vp, T* op, const int64_t* rs,
     for (int64_t i = 0; i < D; ++i) op[(h0 * G + j) * D + i] = static_cast<T>(acc[j * D + i]);
 }
 
+// Runs fn(r, h, g0, gn, scratch) for every item (request r, KV head h, query heads [g0, g0 + gn)
+// in chunks of `chunk`), longest context first, taken from a shared counter so that unequal
+// contexts balance across threads; each thread makes its scratch once, with make().
+template <typename Make, typename Fn>
+void for_each_item(int64_t R, int64_t KV, int64_t G, int64_t chunk, const int64_t* lens,
+                   const Make& make, const Fn& fn) {
+  const int64_t chunks = (G + chunk - 1) / chunk;
+  std::vector<int64_t> order(R * KV * chunks);
+  for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return lens[a / (KV * chunks)] > lens[b / (KV * chunks)];
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      auto w = make();
+      for (int64_t i = next++; i < n; i = next++) {
+        const int64_t item = order[i], r = item / (KV * chunks), h = (item / chunks) % KV;
+        const int64_t g0 = (item % chunks) * chunk;
+        fn(r, h, g0, std::min<int64_t>(chunk, G - g0), *w);
+      }
+    }
+  });
+}
+
 #if defined(RADIXKV_AMX)
 // bfloat16 on AMX (attn_amx.h, the extend kernel's path too): items are (request, KV head), the
 // G query heads of the KV head as rows at the request's last position (chunks of 64 heads).
@@ -151,7 +178,7 @@ void run_amx(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   namespace amx = radixkv_attn_amx;
   using BF16 = c10::BFloat16;
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), G = H / KV;
-  const int64_t W = slots.size(1), chunks = (G + amx::kRows - 1) / amx::kRows;
+  const int64_t W = slots.size(1);
   const BF16* qp = q.data_ptr<BF16>();
   const BF16* kp = k.data_ptr<BF16>();
   const BF16* vp = v.data_ptr<BF16>();
@@ -159,38 +186,23 @@ void run_amx(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   const amx::Geometry g{D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), window, scale};
-  std::vector<int64_t> order(R * KV * chunks);
-  for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return lp[a / (KV * chunks)] > lp[b / (KV * chunks)];
-  });
-  std::atomic<int64_t> next{0};
-  const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    radixkv_amx::configure();
-    for (int64_t t = begin; t < end; ++t) {
-      std::unique_ptr<amx::Scratch> w(new amx::Scratch(D));
-      for (int64_t i = next++; i < n; i = next++) {
-        const int64_t item = order[i], r = item / (KV * chunks), h = (item / chunks) % KV;
-        const int64_t g0 = (item % chunks) * amx::kRows;
-        w->rows = std::min<int64_t>(amx::kRows, G - g0);
-        for (int64_t j = 0; j < w->rows; ++j) {
-          w->pos[j] = lp[r] - 1;
-          w->set_query(j, qp + (r * H + h * G + g0 + j) * D, D);
-        }
-        amx::attend(g, kp, vp, sp + r * W, h, *w);
-        for (int64_t j = 0; j < w->rows; ++j)
-          amx::store_row(*w, j, D, op + (r * H + h * G + g0 + j) * D);
-      }
-    }
-    _tile_release();
-  });
+  auto make = [D] { return std::make_unique<amx::TileThread>(D); };
+  for_each_item(R, KV, G, amx::kRows, lp, make,
+                [&](int64_t r, int64_t h, int64_t g0, int64_t gn, amx::TileThread& tt) {
+                  amx::Scratch& w = tt.w;
+                  w.rows = gn;
+                  for (int64_t j = 0; j < gn; ++j) {
+                    w.pos[j] = lp[r] - 1;
+                    w.set_query(j, qp + (r * H + h * G + g0 + j) * D, D);
+                  }
+                  amx::attend(g, kp, vp, sp + r * W, h, w);
+                  for (int64_t j = 0; j < gn; ++j)
+                    amx::store_row(w, j, D, op + (r * H + h * G + g0 + j) * D);
+                });
 }
 #endif
 
-// Items are (request, KV head, chunk of kMaxG query heads), longest context first, taken from a
-// shared counter so that unequal contexts balance across threads.
+// Items are (request, KV head, chunk of kMaxG query heads), see for_each_item.
 template <typename T>
 void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
          const torch::Tensor& slots, const torch::Tensor& lens, torch::Tensor& out, int64_t window,
@@ -217,24 +229,12 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     using namespace radixkv_decode;
     const Problem P{H, KV, G, D, window, k.stride(0), v.stride(0), k.stride(1), v.stride(1), W,
                     sf, sp, lp};
-    const int64_t chunks = (G + kMaxG - 1) / kMaxG;
-    std::vector<int64_t> order(R * KV * chunks);
-    for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return lp[a / (KV * chunks)] > lp[b / (KV * chunks)];
-    });
-    std::atomic<int64_t> next{0};
-    const int64_t n = static_cast<int64_t>(order.size());
-    const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
-    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        // Default-initialised (no 100 KB memset per call): every field is written before it is
-        // read, and stale K words in unused lanes only reach masked scores.
-        std::unique_ptr<Scratch> w(new Scratch);
-        for (int64_t i = next++; i < n; i = next++) {
-          const int64_t item = order[i], r = item / (KV * chunks), h = (item / chunks) % KV;
-          const int64_t g0 = (item % chunks) * kMaxG, gn = std::min<int64_t>(kMaxG, G - g0);
-#define RKV_ITEM(WORDS, ND) decode_item<T, WORDS, ND>(P, qp, kp, vp, op, r, h, g0, gn, *w)
+    // Default-initialised (no 100 KB memset per call): every field is written before it is
+    // read, and stale K words in unused lanes only reach masked scores.
+    auto make = [] { return std::unique_ptr<Scratch>(new Scratch); };
+    for_each_item(R, KV, G, kMaxG, lp, make,
+                  [&](int64_t r, int64_t h, int64_t g0, int64_t gn, Scratch& w) {
+#define RKV_ITEM(WORDS, ND) decode_item<T, WORDS, ND>(P, qp, kp, vp, op, r, h, g0, gn, w)
 #define RKV_BY_ND(WORDS)                 \
   switch (D / 16) {                      \
     case 1: RKV_ITEM(WORDS, 1); break;   \
@@ -245,17 +245,15 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     default: TORCH_CHECK(false, "decode: head_dim ", D, " not served by the vector path"); \
   }
 #if defined(__AVX512BF16__)
-          if constexpr (std::is_same_v<T, c10::BFloat16>) {
-            RKV_BY_ND(BF16Words)
-            continue;
-          }
+                    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+                      RKV_BY_ND(BF16Words)
+                      return;
+                    }
 #endif
-          RKV_BY_ND(F32Words)
+                    RKV_BY_ND(F32Words)
 #undef RKV_BY_ND
 #undef RKV_ITEM
-        }
-      }
-    });
+                  });
     return;
   }
 #endif

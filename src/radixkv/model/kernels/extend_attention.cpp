@@ -105,9 +105,9 @@ void run_amx(const Problem& P, const c10::BFloat16* q, const c10::BFloat16* k,
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
   const amx::Geometry g{P.D, P.k_row, P.k_head, P.v_row, P.v_head, P.window, P.scale};
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    radixkv_amx::configure();
     for (int64_t t = begin; t < end; ++t) {
-      std::unique_ptr<amx::Scratch> w(new amx::Scratch(P.D));
+      auto tt = std::make_unique<amx::TileThread>(P.D);
+      amx::Scratch* w = &tt->w;
       for (int64_t i = next++; i < n; i = next++) {
         const Item& it = items[i];
         const int64_t G = P.G, rows = (it.t1 - it.t0) * G;
@@ -124,7 +124,6 @@ void run_amx(const Problem& P, const c10::BFloat16* q, const c10::BFloat16* k,
         }
       }
     }
-    _tile_release();
   });
 }
 #endif
