@@ -78,32 +78,14 @@ def make_tiers(
         cfg.hicache_storage_prefetch_policy, cfg.hicache_prefetch_timeout_s, chunk_tokens
     )
     fingerprint = model_fingerprint(lm, pool.config.dtype)
+    policy, timeout_s = cfg.hicache_write_policy, cfg.hicache_storage_timeout_s
+    common = (ps, pages, policy, fingerprint, storage, timeout_s, prefetch)
     if pools is not None:
         from radixkv.engine.hybrid_tiers import HybridTierManager
 
         interval = -(-cfg.state_checkpoint_interval // ps) * ps
-        return HybridTierManager(
-            pools,
-            swa_window,
-            interval,
-            ps,
-            pages,
-            cfg.hicache_write_policy,
-            fingerprint,
-            storage,
-            cfg.hicache_storage_timeout_s,
-            prefetch,
-        )
-    return TierManager(
-        pool,
-        ps,
-        pages,
-        cfg.hicache_write_policy,
-        fingerprint,
-        storage,
-        cfg.hicache_storage_timeout_s,
-        prefetch,
-    )
+        return HybridTierManager(pools, swa_window, interval, *common)
+    return TierManager(pool, *common)
 
 
 class NoTiers:
