@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ import httpx
 import openai
 import pytest
 from kv_subscriber import Subscriber, free_port
+
+from radixkv.bench.server_proc import wait_healthy
 
 MODEL = "tiny-llama"
 BS = 16
@@ -50,16 +51,9 @@ def server(
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300  # a cold start may build the CPU kernels first
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        # 300 s: a cold start may build the CPU kernels first
+        why = wait_healthy(url, proc, 300, 0.2)
+        assert why is None, f"{why}: {log.read_text()[-3000:]}"
         yield {"url": url, "sub": sub, "replay": sub.replay_endpoint}
     finally:
         proc.terminate()

@@ -7,14 +7,13 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+from radixkv.bench.server_proc import wait_healthy
 from radixkv.cli import build_parser, main
 
 TURN = re.compile(r"\[turn (\d+): prompt (\d+) tokens, cached (\d+) \(\d+%\), generated (\d+),")
@@ -89,16 +88,8 @@ def test_serve_default_model_subprocess() -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+        why = wait_healthy(url, proc, 300, 0.5, output=lambda: proc.communicate()[0])
+        assert why is None, why
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
         assert client.models.list().data[0].id == "SmolLM2-135M-Instruct"
         cached = []

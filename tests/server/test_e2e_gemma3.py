@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 from test_cli import _free_port
 
+from radixkv.bench.server_proc import wait_healthy
 from radixkv.model.gemma3_gguf import INSTALL_HINT, package_installed
 
 pytestmark = [
@@ -43,16 +43,9 @@ def url() -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600  # converts on first use when install.sh did not
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.5)
+        # 600 s: converts on first use when install.sh did not
+        why = wait_healthy(base, proc, 600, 0.5, output=lambda: proc.communicate()[0])
+        assert why is None, why
         yield base
     finally:
         proc.terminate()

@@ -23,6 +23,7 @@ from server_harness import LiveServer, live_server
 from test_cli import SMALL, _free_port
 from test_ipc import _running
 
+from radixkv.bench.server_proc import wait_healthy
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import EngineConfig
 from radixkv.server.engine_proc import ProcessEngine
@@ -167,16 +168,8 @@ def test_serve_leaves_no_engine_process(model_dir: Path, how: str) -> None:
     proc = _serve(model_dir, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        why = wait_healthy(url, proc, 300, 0.2, output=lambda: proc.communicate()[0])
+        assert why is None, why
         (engine_pid,) = _children(proc.pid)
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
         r = client.completions.create(model=model_dir.name, prompt="hello", max_tokens=3)

@@ -9,15 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import torch
 
+from radixkv.bench.server_proc import wait_healthy
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 
@@ -45,16 +44,8 @@ def _complete(
     proc: subprocess.Popen[str], port: int, model: str, prompt: list[int]
 ) -> tuple[str, int]:
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        assert proc.poll() is None, proc.communicate()[0]
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    why = wait_healthy(url, proc, 300, 0.2, output=lambda: proc.communicate()[0])
+    assert why is None, why
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
     r = client.completions.create(
         model=model, prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}

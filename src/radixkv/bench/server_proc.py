@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -58,6 +59,26 @@ def healthy(url: str) -> bool:
             return bool(r.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def wait_healthy(
+    url: str,
+    proc: subprocess.Popen[Any],
+    timeout_s: float,
+    interval_s: float = 0.25,
+    output: Callable[[], str] | None = None,
+) -> str | None:
+    """Poll `url`/health until it answers 200 while `proc` lives. Returns None once it does, else
+    why not: the process exited (with `output()` when given), or `timeout_s` passed."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if proc.poll() is not None:
+            tail = output() if output is not None else ""
+            return f"server exited with {proc.returncode}; {tail}".rstrip("; ")
+        if healthy(url):
+            return None
+        time.sleep(interval_s)
+    return f"server not healthy after {timeout_s:g} s"
 
 
 class ServerProcess:
@@ -112,15 +133,12 @@ class ServerProcess:
         finally:
             if not isinstance(out, int):
                 out.close()  # the child holds its own copy of the descriptor
-        while time.perf_counter() < t0 + self.startup_timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; {self._log_tail()}")
-            if healthy(self.url):
-                self.startup_s = time.perf_counter() - t0
-                return
-            time.sleep(0.25)
+        why = wait_healthy(self.url, self.proc, self.startup_timeout, output=self._log_tail)
+        if why is None:
+            self.startup_s = time.perf_counter() - t0
+            return
         self.stop()
-        raise RuntimeError(f"server not healthy after {self.startup_timeout:.0f} s")
+        raise RuntimeError(why)
 
     def _log_tail(self) -> str:
         if not self.log_path or not self.log_path.exists():
