@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,62 +72,105 @@ def _blocks_of(ids: list[int]) -> set[Prefix]:
     return {(None, tuple(ids[:e])) for e in range(BS, len(ids) + 1, BS)}
 
 
+def _ask(client: openai.OpenAI, prompt: str, retry_no_worker: list[int] | None = None) -> Any:
+    """One completion; with `retry_no_worker`, a 404 "No worker available" is retried too (and
+    counted there)."""
+    while True:
+        try:
+            return client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=24, temperature=0.0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+        except openai.NotFoundError as exc:
+            if retry_no_worker is None or "No worker available" not in str(exc):
+                raise
+            retry_no_worker.append(1)
+            time.sleep(0.2)
+
+
 def _ask_all(
     client: openai.OpenAI,
     prompts: list[str],
-    during: Callable[[], None],
+    during: Callable[[list[Future[Any]]], None],
     retry_no_worker: list[int] | None = None,
 ) -> list[Any]:
-    """Send every prompt at once (8 in flight), run `during` meanwhile; every answer in full.
-    With `retry_no_worker`, a 404 "No worker available" is retried too (and counted there)."""
+    """Send every prompt at once (8 in flight), run `during` on their futures meanwhile; every
+    answer in full."""
 
     def ask(prompt: str) -> Any:
-        while True:
-            try:
-                return client.completions.create(
-                    model=MODEL, prompt=prompt, max_tokens=24, temperature=0.0,
-                    extra_body={"ignore_eos": True},
-                )  # fmt: skip
-            except openai.NotFoundError as exc:
-                if retry_no_worker is None or "No worker available" not in str(exc):
-                    raise
-                retry_no_worker.append(1)
-                time.sleep(0.2)
+        return _ask(client, prompt, retry_no_worker)
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(ask, p) for p in prompts]
-        during()
+        during(futures)
         answers = [f.result() for f in futures]
     for r in answers:
         assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 24
     return answers
 
 
+def _idle(futures: list[Future[Any]]) -> None:
+    """Nothing to do while the requests run."""
+
+
+def _served_since(
+    cluster: RunningCluster, client: openai.OpenAI, i: int, tag: str, timeout_s: float = 30
+) -> tuple[list[str], float]:
+    """New prompts (no prefix anywhere), 8 at a time, until replica i has served one since the
+    call (smg sends a cold prompt to either replica, by chance and the loads it last polled,
+    and not to one whose breaker is open: the launcher lets one try again after 5 s). Returns
+    the prompts sent and how many of them replica i served."""
+    before = _completions_served(cluster)[i]
+    prompts: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while (served := _completions_served(cluster)[i] - before) == 0:
+        assert time.monotonic() < deadline, f"replica {i} got no request back"
+        batch = [_prompt(f"{tag}{len(prompts) + k}") for k in range(8)]
+        _ask_all(client, batch, _idle)
+        prompts += batch
+    return prompts, served
+
+
 def _subscriber(cluster: RunningCluster, i: int) -> Subscriber:
     return Subscriber(cluster.kv_event_endpoints[i], cluster.kv_replay_endpoints[i])
 
 
+def _completions_served(cluster: RunningCluster) -> list[float]:
+    return [requests_by_route(u).get(("/v1/completions", "200"), 0.0) for u in cluster.worker_urls]
+
+
 def test_cache_aware_keeps_each_tenant_on_one_replica(cluster: RunningCluster) -> None:
-    """Four tenants warmed one at a time, then 16 requests (4 per tenant) at once: smg's
-    cache_aware tree sends each to the replica holding its tenant's prefix, so every one is a
-    hit on the whole prefix (round robin would miss on about half)."""
+    """Tenants warmed one at a time until each replica holds two, then 16 requests (4 for each
+    of those four tenants) at once: smg's cache_aware tree sends each to the replica holding its
+    tenant's prefix, so every one is a hit on the whole prefix (round robin would miss on about
+    half) and each replica serves its own tenants' eight."""
     assert cluster.router_url is not None
     client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
-    tenants = [_prompt(f"t{t}") for t in range(4)]
-    for p in tenants:  # warm-up, sequential: no prefix anywhere, smg spreads them
-        _ask_all(client, [p + " Warm-up."], lambda: None)
+    # A cold prompt (no prefix anywhere) goes to either replica (smg breaks the tie between
+    # idle replicas by chance: four in a row on one is one run in eight), so warm new tenants
+    # until both hold two.
+    homes: dict[int, list[str]] = {0: [], 1: []}
+    for t in range(24):
+        if min(len(v) for v in homes.values()) >= 2:
+            break
+        before = _completions_served(cluster)
+        _ask_all(client, [_prompt(f"t{t}") + " Warm-up."], _idle)
+        after = _completions_served(cluster)
+        (home,) = [i for i in homes if after[i] > before[i]]
+        homes[home].append(_prompt(f"t{t}"))
+    assert min(len(v) for v in homes.values()) >= 2, homes
+    tenants = [p for i in homes for p in homes[i][:2]]
+    before = _completions_served(cluster)
     prompts = [p + f" Question {q}?" for q in range(4) for p in tenants]
-    answers = _ask_all(client, prompts, lambda: None)
+    answers = _ask_all(client, prompts, _idle)
     cached = [r.usage.prompt_tokens_details.cached_tokens for r in answers]
     # The tenant's prefix in whole pages: all of the rendered prefix but its last partial page
     # (the suffixes differ from the warm-up's from their first token on).
     want = [len(_render(cluster.worker_urls[0], p[: -len(" Question 0?")])) for p in prompts]
     print(f"cached per request {cached}; prefix tokens {want}")
     assert all(c >= w - BS for c, w in zip(cached, want, strict=True)), (cached, want)
-    served = [
-        requests_by_route(u).get(("/v1/completions", "200"), 0.0) for u in cluster.worker_urls
-    ]
-    assert min(served) >= 4, served  # both replicas took tenants
+    served = [a - b for a, b in zip(_completions_served(cluster), before, strict=True)]
+    assert served == [8.0, 8.0], served  # each replica its own two tenants' questions
 
 
 def test_dropped_events_are_replayed(cluster: RunningCluster) -> None:
@@ -136,17 +179,17 @@ def test_dropped_events_are_replayed(cluster: RunningCluster) -> None:
     try:
         steady.drain()
         lossy.drain()
-        _ask_all(direct, [_prompt(f"d{k}") for k in range(2)], lambda: None)
+        _ask_all(direct, [_prompt(f"d{k}") for k in range(2)], _idle)
         steady.drain()
         lossy.drain()
         lossy.hang_up()  # everything published from here on is lost to it
-        _ask_all(direct, [_prompt(f"d{k}") for k in range(2, 6)], lambda: None)
+        _ask_all(direct, [_prompt(f"d{k}") for k in range(2, 6)], _idle)
         steady.drain()
         assert steady.next_seq is not None and lossy.next_seq is not None
         missed = steady.next_seq - lossy.next_seq
         assert missed >= 2
         lossy.reopen()
-        _ask_all(direct, [_prompt("d6")], lambda: None)  # its first batch after the gap
+        _ask_all(direct, [_prompt("d6")], _idle)  # its first batch after the gap
         steady.drain()
         lossy.drain(until_seq=steady.next_seq - 1)
         assert lossy.replayed >= missed and lossy.holes == 0
@@ -162,7 +205,7 @@ def test_router_restarted_mid_run(cluster: RunningCluster) -> None:
     client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=8)
     first_pid = cluster.router.pid if cluster.router else None
 
-    def restart() -> None:
+    def restart(futures: list[Future[Any]]) -> None:
         time.sleep(1.0)  # some requests are in flight through it
         cluster.restart_router()
 
@@ -191,20 +234,25 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
     # drops what is not newer (the replicas start their seq from the clock: seq_start "time").
     sub = _subscriber(cluster, victim)
 
-    def kill_when_busy() -> None:
-        deadline = time.monotonic() + 60
-        while not _busy(cluster.worker_urls[victim]):
-            assert time.monotonic() < deadline, "replica 1 never got a request"
+    def kill_when_busy(futures: list[Future[Any]]) -> None:
+        while not all(f.done() for f in futures):
+            if _busy(cluster.worker_urls[victim]):
+                cluster.kill_worker(victim)  # with a request running on it
+                killed.set()
+                return
             time.sleep(0.05)
-        cluster.kill_worker(victim)  # with a request running on it
-        killed.set()
 
     try:
         sub.drain()  # the old life's stream so far (its socket dies with it: no drain after)
         old_next = sub.next_seq
         assert old_next is not None
-        _ask_all(client, [_prompt(f"k{k}") for k in range(16)], kill_when_busy)
-        assert killed.is_set()
+        # Cold prompts, 8 at a time, until one runs on the victim (smg may send a whole batch
+        # to the other replica).
+        for r in range(8):
+            _ask_all(client, [_prompt(f"k{r}.{k}") for k in range(8)], kill_when_busy)
+            if killed.is_set():
+                break
+        assert killed.is_set(), "replica 1 never got a request"
 
         cluster.restart_worker(victim)  # returns once smg counts it healthy again
         # The old life's last batches (still queued here), then the new life's stream, above
@@ -212,11 +260,7 @@ def test_replica_killed_mid_run_loses_nothing_and_rejoins(cluster: RunningCluste
         sub.drain()
         assert sub.next_seq is not None and sub.next_seq > old_next and sub.holes >= 1
         assert sub.batches[-1][1][1] == [{"type": "AllBlocksCleared"}] and sub.blocks == {}
-        # New prompts (no prefix anywhere), 8 at a time: smg balances them onto both replicas.
-        prompts = [_prompt(f"n{k}") for k in range(16)]
-        _ask_all(client, prompts, lambda: None)
-        served = requests_by_route(cluster.worker_urls[victim]).get(("/v1/completions", "200"))
-        assert served, "the restarted replica got no request back"
+        prompts, served = _served_since(cluster, client, victim, "n")
         sub.drain()
         table = sub.prefixes()
         ids = [_render(cluster.worker_urls[0], p) for p in prompts]
@@ -249,8 +293,5 @@ def test_router_restarted_while_a_replica_is_down_registers_it_when_back(
     waited = time.monotonic() - back
     print(f"smg registered the returning replica {waited:.2f} s after it answered /health")
     assert waited < 8, waited
-    before = requests_by_route(cluster.worker_urls[1]).get(("/v1/completions", "200"), 0.0)
     client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key=KEY, max_retries=0)
-    _ask_all(client, [_prompt(f"b{k}") for k in range(8)], lambda: None)
-    after = requests_by_route(cluster.worker_urls[1]).get(("/v1/completions", "200"), 0.0)
-    assert after > before  # smg routes to it again
+    _served_since(cluster, client, 1, "b")  # smg routes to it again

@@ -41,6 +41,9 @@ def test_router_command_lines() -> None:
     assert smg[smg.index("--api-key") + 1] == "k" and smg[smg.index("--host") + 1] == "127.0.0.1"
     # A replica down when the router (re)started is retried every second, not every 30 s.
     assert smg[smg.index("--worker-startup-check-interval") + 1] == "1"
+    # A dead replica is found within seconds; a returned one's open breaker retries after 5 s.
+    assert smg[smg.index("--health-check-interval-secs") + 1] == "2"
+    assert smg[smg.index("--cb-timeout-duration-secs") + 1] == "5"
     sources = tuple((w, f"tcp://127.0.0.1:{n}", None) for n, w in enumerate(workers))
     vr = RouterPlan("vllm-router", py, 9, "kv_aware", workers, None, sources, 32, "m").command()
     assert vr[0] == "venv/bin/vllm-router" and "--api-key" not in vr
@@ -50,4 +53,5 @@ def test_router_command_lines() -> None:
     ]
     assert "--kv-event-replay-source" not in vr
     assert vr[vr.index("--worker-startup-check-interval") + 1] == "1"
+    assert vr[vr.index("--health-check-interval-secs") + 1] == "2"
     assert vr[vr.index("--kv-event-block-size") + 1] == "32" and vr[-1] == "m"

@@ -44,6 +44,12 @@ OFFLINE_WORDS = (
 # both, which left a returning replica without traffic (a one-replica cluster answering 404 No
 # worker available) for up to half a minute. Loopback probes are cheap.
 STARTUP_CHECK = ["--worker-startup-check-interval", "1"]
+# Both probe a registered worker's /health every 60 s by default and open a worker's circuit
+# breaker for 60 s after 10 failed requests: a SIGKILLed replica kept drawing requests (each
+# failing, then retried) until the next probe, and once back and healthy got no traffic for up
+# to a minute more. Replicas on this host answer /health from their HTTP process (never behind
+# a long prefill), so probing every 2 s is cheap; after 5 s an open breaker lets a request try.
+HEALTH = ["--health-check-interval-secs", "2", "--cb-timeout-duration-secs", "5"]
 
 
 class RouterInstallError(RuntimeError):
@@ -130,13 +136,13 @@ class RouterPlan:
             # Its Prometheus listener defaults to 0.0.0.0:29000: loopback, a free port.
             cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
             cmd += ["--load-monitor-interval", "1", "--log-level", "warn"]
-            cmd += STARTUP_CHECK
+            cmd += [*STARTUP_CHECK, *HEALTH]
         elif self.router == "vllm-router":
             exe = self.python.parent / "vllm-router"
             cmd = [str(exe), "--host", "127.0.0.1", "--port", str(self.port)]
             cmd += ["--worker-urls", *self.worker_urls, "--policy", self.policy]
             cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-            cmd += ["--log-level", "warning", *STARTUP_CHECK]
+            cmd += ["--log-level", "warning", *STARTUP_CHECK, *HEALTH]
             for url, endpoint, replay in self.event_sources:
                 cmd += ["--kv-event-source", f"{url}={endpoint}"]
                 if replay is not None:
