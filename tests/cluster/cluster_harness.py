@@ -3,7 +3,10 @@ package index), the replicas' common flags, and reading a replica's request coun
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -47,3 +50,17 @@ def requests_by_route(url: str) -> dict[tuple[str, str], float]:
             if s.name.endswith("_total"):
                 out[s.labels["route"], s.labels["status"]] = s.value
     return out
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen_ctrl_c(cmd: list[str], **kw: Any) -> subprocess.Popen[str]:
+    """Start `cmd` (text output piped) so that SIGINT reaches it as a terminal's Ctrl-C does,
+    even when this test run itself ignores SIGINT (a shell's background job, e.g. `cmd &`, starts
+    with SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt)."""
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_default_sigint, **kw,
+    )  # fmt: skip

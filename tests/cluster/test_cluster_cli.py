@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cluster_harness import KEY, MODEL, SERVE_ARGS, router_python_or_skip
+from cluster_harness import KEY, MODEL, SERVE_ARGS, popen_ctrl_c, router_python_or_skip
 
 
 def _refused(url: str) -> bool:
@@ -31,7 +30,7 @@ def test_cluster_up_serves_then_stops_everything_on_ctrl_c(model_dir: Path, tmp_
     cmd = [sys.executable, "-m", "radixkv", "cluster", "up", "--replicas", "2"]
     cmd += ["--model", str(model_dir), "--api-key", KEY, "--router-python", str(smg)]
     cmd += ["--log-dir", str(tmp_path), "--", *SERVE_ARGS]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = popen_ctrl_c(cmd)
     lines: list[str] = []
     try:
         assert proc.stdout is not None

@@ -8,14 +8,13 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import SERVE_ARGS
+from cluster_harness import SERVE_ARGS, popen_ctrl_c
 
 from radixkv.cluster.launch import ClusterSpec, start_cluster
 
@@ -34,9 +33,7 @@ def test_cluster_up_removes_its_logs_after_ctrl_c(model_dir: Path, tmp_path: Pat
     cmd = [sys.executable, "-m", "radixkv", "cluster", "up", "--replicas", "1", "--router", "none"]
     cmd += ["--model", str(model_dir), "--", *SERVE_ARGS]
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+    proc = popen_ctrl_c(cmd, env=env)
     lines: list[str] = []
     try:
         assert proc.stdout is not None
