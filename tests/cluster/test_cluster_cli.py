@@ -65,3 +65,33 @@ def test_cluster_up_serves_then_stops_everything_on_ctrl_c(model_dir: Path, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+@pytest.mark.slow
+def test_cluster_up_killed_leaves_no_replica_running(model_dir: Path, tmp_path: Path) -> None:
+    """`cluster up` SIGKILLed (nothing of it runs to stop its children, as with the OOM killer):
+    the kernel sends each replica SIGTERM (PR_SET_PDEATHSIG), which stops it and its engine, so
+    nothing is left holding the ports and the memory."""
+    cmd = [sys.executable, "-m", "radixkv", "cluster", "up", "--replicas", "1", "--router", "none"]
+    cmd += ["--model", str(model_dir), "--log-dir", str(tmp_path), "--", *SERVE_ARGS]
+    proc = popen_ctrl_c(cmd)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("Serving") for line in lines):
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        (worker,) = re.findall(r"replica \d: (http://127\.0\.0\.1:\d+)", "".join(lines))
+        assert not _refused(worker)
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 60
+        while not _refused(worker):
+            assert time.monotonic() < deadline, "the replica outlived its launcher"
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -1,8 +1,10 @@
 """One child process of a cluster: its command line, its log file, and waiting on it.
 
 Children start in sessions of their own (a Ctrl-C in the launcher's terminal reaches the
-launcher alone, which then stops them in order) and write stdout + stderr to one log file,
-appended to across restarts so a restarted replica's earlier life stays readable.
+launcher alone, which then stops them in order), get SIGTERM if the launcher dies without
+stopping them (SIGKILL, the OOM killer: on Linux, `die_with_parent`), and write stdout + stderr
+to one log file, appended to across restarts so a restarted replica's earlier life stays
+readable.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from radixkv.storage.local_services import die_with_parent
 
 
 class ClusterError(RuntimeError):
@@ -38,7 +42,7 @@ class Child:
             out.flush()
             self.proc = subprocess.Popen(
                 self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent(),
             )  # fmt: skip
 
     @property

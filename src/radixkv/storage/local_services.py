@@ -11,8 +11,11 @@ kills what they started. Not meant for production: no persistence, no replicas, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +30,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the child sent SIGTERM when the process starting it dies, even by
+    SIGKILL or the OOM killer (Linux's PR_SET_PDEATHSIG), so a killed launcher leaves no service
+    holding its ports and memory; None elsewhere. The signal follows the starting *thread*: start
+    children from a thread that outlives them (the launchers use the main thread)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return arm
 
 
 def _exe(name: str, hint: str) -> str:
@@ -85,8 +107,9 @@ class RedisClusterProcs:
         args += ["--appendonly", "no", "--save", ""]
         if not self.cluster:
             self.procs[port] = subprocess.Popen(
-                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent(),
+            )  # fmt: skip
             return
         args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
         args += ["--cluster-port", str(self.bus_ports[port])]
@@ -94,8 +117,9 @@ class RedisClusterProcs:
         # A cache: the surviving nodes keep serving their slots when one node is gone.
         args += ["--cluster-require-full-coverage", "no"]
         self.procs[port] = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),
+        )  # fmt: skip
 
     def _cli(self, port: int, *args: str) -> str:
         out = subprocess.run(
