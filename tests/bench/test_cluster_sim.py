@@ -122,13 +122,20 @@ def test_unbounded_pool_equals_page_floored_ideal(page_size: int) -> None:
 
 
 def test_configuration_names() -> None:
-    assert parse_config("round_robin") == ("smg", "round_robin", False)
-    assert parse_config("cache_aware+l3") == ("smg", "cache_aware", True)
-    assert parse_config("kv_aware") == ("vllm-router", "kv_aware", False)
-    assert parse_config("one_pool") == ("none", "none", False)
-    for bad in ("kv_aware+l2", "random", "one_pool+l3"):
+    assert parse_config("round_robin") == ("smg", "round_robin", False, False)
+    assert parse_config("cache_aware+l3") == ("smg", "cache_aware", True, False)
+    assert parse_config("kv_aware") == ("vllm-router", "kv_aware", False, False)
+    assert parse_config("kv_aware+l2") == ("vllm-router", "kv_aware", False, True)
+    assert parse_config("cache_aware+l2+l3") == ("smg", "cache_aware", True, True)
+    assert parse_config("one_pool") == ("none", "none", False, False)
+    for bad in ("kv_aware+l4", "random", "one_pool+l3", "kv_aware+l2+l2"):
         with pytest.raises(ValueError):
             parse_config(bad)
+    # +l2 is simulated as replicas of twice the pool (the L2 holds 2x, written through).
+    tenants = [[t * 10 + k for k in range(4)] for t in range(4)] * 2
+    two = simulate_all(tenants, SimSetup(1, 8, 1, 0), ["round_robin", "round_robin+l2"])
+    assert two["round_robin"].cached_tokens == 0  # 16 pages of tenants cycle through 8
+    assert two["round_robin+l2"].cached_tokens == 16  # all four fit in 16
     # one_pool is simulated as the global pool: one LRU of the summed capacity.
     prompts = [[t * 10 + k for k in range(4)] for t in range(3)] * 2
     sims = simulate_all(prompts, SimSetup(3, 4, 1, 0), ["round_robin", "one_pool"])

@@ -2,9 +2,10 @@
 configuration, beside an offline simulation of the same cluster.
 
 Configurations: `round_robin` and `cache_aware` (the SGLang Model Gateway, `smg`), `kv_aware`
-(vllm-router, routing on the replicas' KV events), each also with `+l3` (one Redis shared by every
-replica as its L3). For each, a fresh cluster (`radixkv.cluster.launch`) serves the workload with
-`--concurrency` requests in flight; the clients' `cached_tokens` give the cluster hit rate, each
+(vllm-router, routing on the replicas' KV events), each also with `+l2` (a host-RAM tier in every
+replica, announced in its events) and/or `+l3` (one Redis shared by every replica as its L3).
+For each, a fresh cluster (`radixkv.cluster.launch`) serves the workload with `--concurrency`
+requests in flight; the clients' `cached_tokens` give the cluster hit rate, each
 request's session tells which replica served it. The simulation (`radixkv.bench.cluster_sim`)
 replays the same prompts through the same routing with per-replica page LRUs of the replicas'
 capacity, and adds one global pool of the summed capacity and the ideal (an unbounded pool):
@@ -78,7 +79,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=list(DEFAULT_CONFIGS),
         metavar="CONFIG",
-        help="round_robin, cache_aware, kv_aware, each optionally +l3, and one_pool (one "
+        help="round_robin, cache_aware, kv_aware, each optionally +l2 (host RAM tier per "
+        "replica) and/or +l3 (one shared Redis), and one_pool (one "
         "replica of the summed pool, no router); default: %(default)s",
     )
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
@@ -146,14 +148,15 @@ def run_config(
     """Start a fresh cluster for `name`, send the workload through its router, stop it."""
     from radixkv.cluster.launch import ClusterSpec, start_cluster
 
-    router, policy, l3 = parse_config(name)
+    cfg = parse_config(name)
+    router, policy, l3 = cfg.router, cfg.policy, cfg.shared_l3
     replicas, slots = args.replicas, args.num_slots
     if name == ONE_POOL:  # one replica of the summed pool, sent to directly
         replicas, slots = 1, args.num_slots * args.replicas
     spec = ClusterSpec(
         replicas=replicas,
         model=model,
-        serve_args=serve_args(args, slots),
+        serve_args=(*serve_args(args, slots), *(["--enable-hierarchical-cache"] * cfg.host_l2)),
         policy=policy if router != "none" else "cache_aware",
         router=router,
         shared_l3=l3,
@@ -166,7 +169,14 @@ def run_config(
         started = time.perf_counter() - t0
         url = cluster.router_url or cluster.worker_urls[0]
         run = _drive(args, url, list(cluster.worker_urls), workload, name)
-    return {"router": router, "policy": policy, "shared_l3": l3, "start_s": started, "run": run}
+    return {
+        "router": router,
+        "policy": policy,
+        "shared_l3": l3,
+        "host_l2": cfg.host_l2,
+        "start_s": started,
+        "run": run,
+    }
 
 
 def _drive(

@@ -8,34 +8,49 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixkv.bench.cluster_driver import ClusterRun
 from radixkv.bench.cluster_sim import PageIds, SimResult, simulate, simulate_pool
 from radixkv.bench.metrics import _stats
 
-# Configuration name → (router, policy, shared L3). `+l3` adds one Redis shared by every replica.
-# `one_pool` is no cluster: one replica holding the summed pool, no router (the real counterpart
-# of the simulated global pool).
+# Configuration name → (router, policy, shared L3, host L2). `+l3` adds one Redis shared by every
+# replica; `+l2` gives every replica a host-RAM tier (`--enable-hierarchical-cache`, 2x its pool),
+# whose pages its KV events announce with medium "CPU" (vllm-router's kv_aware counts them, at a
+# discount). `one_pool` is no cluster: one replica holding the summed pool, no router (the real
+# counterpart of the simulated global pool).
 ONE_POOL = "one_pool"
 ROUTED: dict[str, tuple[str, str]] = {
     "round_robin": ("smg", "round_robin"),
     "cache_aware": ("smg", "cache_aware"),
     "kv_aware": ("vllm-router", "kv_aware"),
 }
+TIERS = ("l2", "l3")
+# A replica's L2 holds twice its pool by default, written through from the pool, so what it holds
+# in either tier is modelled as one LRU of twice the pool's pages.
+L2_CAPACITY_FACTOR = 2
+
+
+class ClusterConfig(NamedTuple):
+    router: str
+    policy: str
+    shared_l3: bool = False
+    host_l2: bool = False
+
+
 DEFAULT_CONFIGS = ("round_robin", "cache_aware", "cache_aware+l3", "kv_aware")
 
 
-def parse_config(name: str) -> tuple[str, str, bool]:
-    """`cache_aware+l3` → ("smg", "cache_aware", True); ValueError for unknown names."""
+def parse_config(name: str) -> ClusterConfig:
+    """`cache_aware+l3` → ("smg", "cache_aware", True, False); ValueError for unknown names."""
     if name == ONE_POOL:
-        return "none", "none", False
-    base, plus, suffix = name.partition("+")
-    if base not in ROUTED or (plus and suffix != "l3"):
-        names = ", ".join(f"{k}[+l3]" for k in ROUTED) + f", {ONE_POOL}"
+        return ClusterConfig("none", "none")
+    base, *tiers = name.split("+")
+    if base not in ROUTED or len(set(tiers)) != len(tiers) or not set(tiers) <= set(TIERS):
+        names = ", ".join(f"{k}[+l2][+l3]" for k in ROUTED) + f", {ONE_POOL}"
         raise ValueError(f"unknown configuration {name!r}; choose from {names}")
     router, policy = ROUTED[base]
-    return router, policy, bool(plus)
+    return ClusterConfig(router, policy, "l3" in tiers, "l2" in tiers)
 
 
 @dataclass(frozen=True)
@@ -57,16 +72,16 @@ def simulate_all(
     out: dict[str, SimResult] = {}
     total = setup.replicas * setup.capacity_pages
     for name in configs:
-        _, policy, l3 = parse_config(name)
+        cfg = parse_config(name)
         if name == ONE_POOL:
             out[name] = simulate_pool(prompts, capacity_pages=total, name=name, **common)
             continue
         out[name] = simulate(
             prompts,
             replicas=setup.replicas,
-            capacity_pages=setup.capacity_pages,
-            route=policy,
-            shared_l3=l3,
+            capacity_pages=setup.capacity_pages * (L2_CAPACITY_FACTOR if cfg.host_l2 else 1),
+            route=cfg.policy,
+            shared_l3=cfg.shared_l3,
             name=name,
             page_ids=ids,
             **common,
