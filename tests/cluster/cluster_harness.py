@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,17 @@ def popen_ctrl_c(cmd: list[str], **kw: Any) -> subprocess.Popen[str]:
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=_default_sigint, **kw,
     )  # fmt: skip
+
+
+def read_until_serving(proc: subprocess.Popen[str], timeout_s: float = 300) -> str:
+    """`cluster up`'s output up to its "Serving ..." line (it is ready then); fails with the
+    output so far if it exits or the time runs out first."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while not any(line.startswith("Serving") for line in lines):
+        line = proc.stdout.readline()
+        assert line, "".join(lines)  # it exited
+        lines.append(line)
+        assert time.monotonic() < deadline, "".join(lines)
+    return "".join(lines)

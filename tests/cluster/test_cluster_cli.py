@@ -13,7 +13,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cluster_harness import KEY, MODEL, SERVE_ARGS, popen_ctrl_c, router_python_or_skip
+from cluster_harness import (
+    KEY,
+    MODEL,
+    SERVE_ARGS,
+    popen_ctrl_c,
+    read_until_serving,
+    router_python_or_skip,
+)
 
 
 def _refused(url: str) -> bool:
@@ -31,16 +38,8 @@ def test_cluster_up_serves_then_stops_everything_on_ctrl_c(model_dir: Path, tmp_
     cmd += ["--model", str(model_dir), "--api-key", KEY, "--router-python", str(smg)]
     cmd += ["--log-dir", str(tmp_path), "--", *SERVE_ARGS]
     proc = popen_ctrl_c(cmd)
-    lines: list[str] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        while not any(line.startswith("Serving") for line in lines):
-            line = proc.stdout.readline()
-            assert line, "".join(lines)  # it exited
-            lines.append(line)
-            assert time.monotonic() < deadline, "".join(lines)
-        text = "".join(lines)
+        text = read_until_serving(proc)
         (router,) = re.findall(r"^smg \(cache_aware\) at (http://127\.0\.0\.1:\d+)/v1$", text, re.M)
         workers = re.findall(r"replica \d: (http://127\.0\.0\.1:\d+)", text)
         assert len(workers) == 2 and f"Serving '{MODEL}'" in text
@@ -75,15 +74,8 @@ def test_cluster_up_killed_leaves_no_replica_running(model_dir: Path, tmp_path: 
     cmd = [sys.executable, "-m", "radixkv", "cluster", "up", "--replicas", "1", "--router", "none"]
     cmd += ["--model", str(model_dir), "--log-dir", str(tmp_path), "--", *SERVE_ARGS]
     proc = popen_ctrl_c(cmd)
-    lines: list[str] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        while not any(line.startswith("Serving") for line in lines):
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-        (worker,) = re.findall(r"replica \d: (http://127\.0\.0\.1:\d+)", "".join(lines))
+        (worker,) = re.findall(r"replica \d: (http://127\.0\.0\.1:\d+)", read_until_serving(proc))
         assert not _refused(worker)
         proc.kill()
         proc.wait(30)

@@ -10,11 +10,10 @@ import re
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from cluster_harness import SERVE_ARGS, popen_ctrl_c
+from cluster_harness import SERVE_ARGS, popen_ctrl_c, read_until_serving
 
 from radixkv.cluster.launch import ClusterSpec, start_cluster
 
@@ -34,15 +33,8 @@ def test_cluster_up_removes_its_logs_after_ctrl_c(model_dir: Path, tmp_path: Pat
     cmd += ["--model", str(model_dir), "--", *SERVE_ARGS]
     env = dict(os.environ, TMPDIR=str(tmp_path))
     proc = popen_ctrl_c(cmd, env=env)
-    lines: list[str] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        while not any(line.startswith("Serving") for line in lines):
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-        (logs,) = re.findall(r"^  logs: (\S+)", "".join(lines), re.M)
+        (logs,) = re.findall(r"^  logs: (\S+)", read_until_serving(proc), re.M)
         assert _log_dirs(tmp_path) == [Path(logs)] and (Path(logs) / "replica0.log").exists()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
