@@ -150,13 +150,14 @@ def run_config(
 
     cfg = parse_config(name)
     router, policy, l3 = cfg.router, cfg.policy, cfg.shared_l3
+    l2 = ("--enable-hierarchical-cache",) if cfg.host_l2 else ()
     replicas, slots = args.replicas, args.num_slots
     if name == ONE_POOL:  # one replica of the summed pool, sent to directly
         replicas, slots = 1, args.num_slots * args.replicas
     spec = ClusterSpec(
         replicas=replicas,
         model=model,
-        serve_args=(*serve_args(args, slots), *(["--enable-hierarchical-cache"] * cfg.host_l2)),
+        serve_args=(*serve_args(args, slots), *l2),
         policy=policy if router != "none" else "cache_aware",
         router=router,
         shared_l3=l3,

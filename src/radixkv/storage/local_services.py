@@ -193,7 +193,9 @@ class MooncakeProcs:
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         with open(self.workdir / log_name, "ab") as log:  # the child keeps its own copy
-            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+            )
 
     def start_master(self) -> None:
         args = [self.master_exe, "--enable_http_metadata_server=true"]
