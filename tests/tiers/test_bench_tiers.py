@@ -14,7 +14,7 @@ import pytest
 
 from radixkv.bench import multiturn as mt
 from radixkv.bench.client import RequestResult
-from radixkv.bench.tiers import MODES, l1_slots, mode_flags
+from radixkv.bench.tiers import MODES, l1_slots, mode_flags, mode_slots
 from radixkv.cli import build_parser, main
 
 
@@ -112,6 +112,13 @@ def test_mode_flags_leave_the_tier_policies_at_their_defaults() -> None:
     redis = mode_flags("L1+L2+L3", _args("--storage-url", "redis://h:1/0"), slots, "/l3")
     redis_l3 = ["--hicache-storage-backend", "redis", "--hicache-storage-url", "redis://h:1/0"]
     assert redis[-4:] == redis_l3
+    # L1-all: no tier flags, and a pool for the whole working set plus the requests in flight
+    assert flags["L1-all"] == flags["L1"]
+    args = _args()
+    assert mode_slots("L1", shape, args) == slots
+    everything = mode_slots("L1-all", shape, args)
+    assert everything % 16 == 0
+    assert everything >= shape.working_set + 2 * (shape.prompt_len(16) + 8)
 
 
 def _run(tmp_path: Path, model: Path, *extra: str) -> dict[str, Any]:
@@ -142,11 +149,17 @@ def test_bench_tiers_through_servers(
     # wait_complete: on a tiny model recomputing is always cheaper than loading, so the default
     # cost_aware policy would (rightly) not wait, and what the tiers serve would depend on timing
     policy = "--server-arg=--hicache-storage-prefetch-policy=wait_complete"
-    res = _run(tmp_path, model, "--modes", "L1,L1+L2+L3", "--prefix-len", "64", policy)
+    modes = "L1,L1+L2+L3,L1-all"
+    res = _run(tmp_path, model, "--modes", modes, "--prefix-len", "64", policy)
     assert res["dtype"] == "float32"
-    l1, l3 = res["modes"]["L1"], res["modes"]["L1+L2+L3"]
-    for mode in (l1, l3):
+    l1, l3, every = res["modes"]["L1"], res["modes"]["L1+L2+L3"], res["modes"]["L1-all"]
+    for mode in (l1, l3, every):
         _check_accounting(mode)
+    # L1-all evicts nothing: every earlier page of every conversation hits, from the device.
+    for r in every["rounds"]:
+        earlier = mt.Shape(2, 3, 32, 2).prompt_len(r["round"] - 1) if r["round"] > 1 else 0
+        assert r["cached_tokens"] == 2 * (earlier // 4 * 4)
+        assert r["hits_by_tier"].get("device", 0) == r["cached_tokens"]
     # L1 (108 slots: one round-3 request and its answer) cannot keep both conversations; the
     # tiers hit every earlier page of both in round 3.
     assert l1["num_slots"] == 108
@@ -157,7 +170,7 @@ def test_bench_tiers_through_servers(
     assert device == l1["summary"]["cached_tokens"]
     assert res["restart"]["with_l3"]["cached_tokens"] == 64
     assert res["restart"]["without_l3"]["cached_tokens"] == 0
-    assert set(res["speedup_vs_L1"]) == {"L1", "L1+L2+L3"}
+    assert set(res["speedup_vs_L1"]) == {"L1", "L1+L2+L3", "L1-all"}
     text = capsys.readouterr().out
     assert "restart, 64-token prefix" in text and "L1+L2+L3" in text
 

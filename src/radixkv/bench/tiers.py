@@ -7,10 +7,12 @@ order (round r+1 starts when round r has answered). For each mode a real `radixk
 is started with the device pool (L1, `--num-slots`) sized to `--l1-frac` of the final working
 set; L1+L2 adds `--enable-hierarchical-cache` (L2 at its default size unless `--hicache-size`),
 L1+L2+L3 adds a file directory (or `--storage-url redis://...`) with the DEFAULT prefetch policy.
-Per round: the server's token hit rate against the ideal (every earlier token cached), the
-effective input throughput (prompt tokens / wall time), TTFT and TPOT, and which tier served the
-hits (/cache/stats). A mode whose server refuses its flags (e.g. a hybrid model while hybrid
-tiers are missing) is reported with the server's error and the run goes on.
+L1-all gives the device pool the whole working set (and the requests in flight): the throughput
+of a perfect cache on this machine, the most any tier can reach. Per round: the server's token
+hit rate against the ideal (every earlier token cached), the effective input throughput (prompt
+tokens / wall time), TTFT and TPOT, and which tier served the hits (/cache/stats). A mode whose
+server refuses its flags (e.g. a hybrid model while hybrid tiers are missing) is reported with
+the server's error and the run goes on.
 
 Restart: a `--prefix-len`-token prefix is computed by one server with L3, which then shuts down
 cleanly (flushing L3); fresh servers (empty tree, empty L2) without and with L3 then answer a new
@@ -35,7 +37,11 @@ from typing import Any
 
 from radixkv.bench import multiturn as mt
 
-MODES = ("L1", "L1+L2", "L1+L2+L3")
+# L1-all: a device pool that holds the whole working set, no tiers. What a perfect cache gives on
+# this machine and model (every earlier token cached, nothing loaded), so no tier can beat it: the
+# ceiling of the "vs L1" column, measured rather than assumed.
+MODES = ("L1", "L1+L2", "L1+L2+L3", "L1-all")
+DEFAULT_MODES = MODES
 
 
 def register(subparsers: Any) -> None:
@@ -56,7 +62,9 @@ def register(subparsers: Any) -> None:
     t = p.add_argument_group("tiers")
     t.add_argument("--hicache-size", type=float, default=None, help="L2 MiB (default: server's)")
     t.add_argument("--storage-url", default=None, help="L3 redis:// URL (default: a file dir)")
-    t.add_argument("--modes", default=",".join(MODES), help="comma list of " + "|".join(MODES))
+    t.add_argument(
+        "--modes", default=",".join(DEFAULT_MODES), help="comma list of " + "|".join(MODES)
+    )
     t.add_argument("--prefix-len", type=int, default=1024, help="restart test: shared prefix")
     t.add_argument("--skip-restart", action="store_true")
     p.add_argument("--server-arg", action="append", default=[], help="extra serve flag (repeat)")
@@ -78,6 +86,15 @@ def l1_slots(shape: mt.Shape, frac: float, page: int, concurrency: int) -> int:
     return -(-want // page) * page
 
 
+def mode_slots(mode: str, shape: mt.Shape, args: argparse.Namespace) -> int:
+    """L1 of a mode: `--l1-frac` of the working set, or for L1-all the whole working set and
+    the requests in flight besides (nothing is ever evicted)."""
+    if mode != "L1-all":
+        return l1_slots(shape, args.l1_frac, args.page_size, args.concurrency)
+    in_flight = l1_slots(shape, 0.0, args.page_size, args.concurrency)
+    return in_flight + l1_slots(shape, 1.0, args.page_size, 0)
+
+
 def mode_flags(mode: str, args: argparse.Namespace, slots: int, l3_dir: str) -> list[str]:
     """`radixkv serve` flags of one mode. Only what the mode needs is set: every other tier flag
     (prefetch policy, write policy, timeouts) stays at the server's default."""
@@ -86,7 +103,7 @@ def mode_flags(mode: str, args: argparse.Namespace, slots: int, l3_dir: str) -> 
     flags = ["--page-size", str(args.page_size), "--num-slots", str(slots)]
     if args.dtype:
         flags += ["--dtype", args.dtype]
-    if mode != "L1":
+    if mode not in ("L1", "L1-all"):
         flags.append("--enable-hierarchical-cache")
         if args.hicache_size is not None:
             flags += ["--hicache-size", str(args.hicache_size)]
@@ -134,7 +151,7 @@ def run_mode(
     from radixkv.bench.server_proc import LocalServer
 
     shape = shape_of(args)
-    slots = l1_slots(shape, args.l1_frac, args.page_size, args.concurrency)
+    slots = mode_slots(mode, shape, args)
     ideal = mt.ideal_per_round(rounds)
     with tempfile.TemporaryDirectory(prefix="radixkv-l3-") as l3:
         flags = mode_flags(mode, args, slots, l3)
