@@ -150,3 +150,54 @@ def test_request_aborted_while_held_for_storage_leaves_nothing_behind(tmp_path: 
     assert e.metrics().tier_stats["host_held_pages"] == 0
     e.check_memory()
     assert e.close()
+
+
+def test_a_write_through_copy_l2_had_no_room_for_is_made_when_l1_evicts_the_page() -> None:
+    """Every L2 page pinned (pending L3 writes, fetched pages of held requests): the pages the
+    tree adopts then cannot be copied at once. They must not be lost: L1's eviction copies them
+    down, as write_back would, and they load back with their values."""
+    pool = _pool()
+    t = TierManager(pool, PS, host_pages=2, write_policy="write_through", fingerprint="fp")
+    a = _req("a", list(range(2 * PS + 1)))
+    t.on_insert(a, _slots([0, 1]), 0, 2 * PS)  # a's pages fill L2 ...
+    pinned = [t.index.lookup(h) for h in t.hashes(a, 2 * PS)]
+    for hp in pinned:
+        t.index.pin(hp)  # ... and stay pinned (say, their L3 writes are pending)
+    b = _req("b", [100 + i for i in range(2 * PS + 1)])
+    t.on_insert(b, _slots([2, 3]), 0, 2 * PS)
+    assert t.counters.host_save_dropped_pages == 2 and t.plan_load(b, 0) is None
+    t.check()
+    want = [_page(pool, 2).clone(), _page(pool, 3).clone()]
+    for hp in pinned:
+        t.index.unpin(hp)  # the writes were confirmed
+    t.on_evict(_slots([2, 3]))  # L1 frees b's pages: their copies are made now
+    assert t.counters.host_saved_pages == 4
+    plan = t.plan_load(b, 0)
+    assert plan is not None and len(plan.host_pages) == 2
+    t.load(plan, [6, 7])
+    for got, page in zip(want, (6, 7), strict=True):
+        assert torch.equal(_page(pool, page), got)
+    t.on_evict(_slots([0, 1]))  # a's pages had their copies: nothing more is saved
+    assert t.counters.host_saved_pages == 4
+    t.check()
+
+
+def test_pages_l2_had_no_room_for_reach_storage_at_shutdown(tmp_path: Path) -> None:
+    """A clean shutdown stages what only L1 holds into L3 under write_through too: the pages
+    whose L2 copy found no room."""
+    pool = _pool()
+    t = TierManager(pool, PS, 2, "write_through", "fp", storage=("file", str(tmp_path / "l3")))
+    a = _req("a", list(range(2 * PS + 1)))
+    t.on_insert(a, _slots([0, 1]), 0, 2 * PS)
+    for h in t.hashes(a, 2 * PS):
+        t.index.pin(t.index.lookup(h))
+    b = _req("b", [100 + i for i in range(2 * PS + 1)])
+    t.on_insert(b, _slots([2, 3]), 0, 2 * PS)
+    assert t.counters.host_save_dropped_pages == 2
+    for h in t.hashes(a, 2 * PS):
+        t.index.unpin(t.index.lookup(h))
+    assert t.storage is not None and t.storage.worker.drain_writes(5.0)
+    t.poll()  # a's L3 writes confirmed: their L2 pages are evictable again
+    assert t.close({0, 1, 2, 3})
+    stored = {p.name for p in (tmp_path / "l3").rglob("*") if p.is_file()}
+    assert {h.hex() for h in t.hashes(a, 2 * PS) + t.hashes(b, 2 * PS)} <= stored

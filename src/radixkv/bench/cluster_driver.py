@@ -22,9 +22,18 @@ import aiohttp
 
 from radixkv.bench.client import ClientOptions, RequestResult, send_request
 from radixkv.bench.workloads import BenchRequest
+from radixkv.engine.prefetch import REASONS
 
 # Counters of /cache/stats whose difference over a run is a replica's load.
 _COUNTERS = ("finished_requests", "prompt_tokens_total", "cached_prompt_tokens_total")
+_PREFETCH_COUNTERS = (
+    "prefetch_waited",
+    "prefetch_skipped",
+    "prefetch_timed_out",
+    "host_saved_pages",
+    "host_save_dropped_pages",
+    *(f"prefetch_decided_{r}" for r in REASONS),
+)
 
 
 @dataclass
@@ -72,6 +81,8 @@ async def stats_snapshot(
             raise RuntimeError(f"{url}/cache/stats answered {status}")
         snap: dict[str, Any] = {k: int(body.get(k, 0)) for k in _COUNTERS}
         snap["cached_tokens_by_tier"] = dict(body.get("cached_tokens_by_tier") or {})
+        tiers = body.get("tier_stats") or {}
+        snap["prefetch"] = {k: int(v) for k, v in tiers.items() if k in _PREFETCH_COUNTERS}
         out.append(snap)
     return out
 
@@ -81,6 +92,10 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
     out: dict[str, Any] = {k: after[k] - before[k] for k in _COUNTERS}
     tiers_a, tiers_b = after["cached_tokens_by_tier"], before["cached_tokens_by_tier"]
     out["cached_tokens_by_tier"] = {t: n - int(tiers_b.get(t, 0)) for t, n in tiers_a.items()}
+    # With an L3: how many requests waited for their storage pages, and why each did or not.
+    pre_a, pre_b = after.get("prefetch", {}), before.get("prefetch", {})
+    if pre_a:
+        out["prefetch"] = {k: n - int(pre_b.get(k, 0)) for k, n in pre_a.items()}
     return out
 
 

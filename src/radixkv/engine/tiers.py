@@ -8,8 +8,11 @@ pages it is about to free (`on_evict`), pages a match hit (`on_l1_hit`). Page fl
 
 - write_through: every page the tree adopts is copied to L2 at once; write_through_selective:
   on its first L1 hit (its second use); write_back: when L1 evicts it. Copies to L2 are
-  synchronous, so a page leaves L1 only with its L2 copy complete. With L3, each new L2 page is
-  also written to storage; the L2 page is pinned (not evictable) until the write is confirmed.
+  synchronous, so a page leaves L1 only with its L2 copy complete. A copy L2 has no room for
+  (every L2 page pinned: pending L3 writes, fetched pages of held requests) is not lost: the
+  page is copied down when L1 evicts it, as under write_back (`_unsaved`). With L3, each new
+  L2 page is also written to storage; the L2 page is pinned (not evictable) until the write is
+  confirmed.
 - match: after the L1 match, `plan_load` names the L2 pages that continue it (a `LoadPlan`);
   the KV manager allocates device pages for them, `load` copies them down, and the KV manager
   inserts them into the tree and moves the request's lock onto the longer prefix.
@@ -54,6 +57,7 @@ class TierCounters:
     host_hit_tokens: int = 0  # loaded L2 -> L1 (pages that were copied down from L1)
     storage_hit_tokens: int = 0  # loaded L2 -> L1 (pages that came up from L3)
     host_saved_pages: int = 0
+    host_save_dropped_pages: int = 0  # not copied to L2: every L2 page was pinned
     prefetch_pages: int = 0  # landed in L2 from L3
 
 
@@ -89,6 +93,9 @@ class TierManager:
         self.index = HostIndex(host_pages)
         self.counters = TierCounters()
         self._dev_hash: dict[int, bytes] = {}
+        # Tree-owned device pages whose write-through copy found no room in L2 (a subset of
+        # `_dev_hash`): copied down when L1 evicts them, or at shutdown.
+        self._unsaved: set[int] = set()
         # Per choice (the n choices of one request share its id but not their outputs):
         self._hashes: dict[tuple[str, int], list[bytes]] = {}  # chained page hashes so far
         self._loaded: dict[tuple[str, int], list[int]] = {}  # [host, storage] tokens loaded
@@ -202,8 +209,11 @@ class TierManager:
         (`demote=False`: a flush, nothing is copied)."""
         pages = [int(s) // self.page_size for s in np.asarray(slots)[:: self.page_size]]
         hashed = [(p, self._dev_hash.pop(p)) for p in pages if p in self._dev_hash]
-        if demote and self.write_policy == "write_back" and hashed:
+        if demote and self.write_policy != "write_back":
+            hashed = [(p, h) for p, h in hashed if p in self._unsaved]  # copies L2 had no room for
+        if demote and hashed:
             self._save([p for p, _ in hashed], [h for _, h in hashed])
+        self._unsaved.difference_update(pages)
 
     def _save(self, dev_pages: list[int], hashes: list[bytes]) -> None:
         """Copy device pages to L2 (those not there yet, as many as fit) and queue L3 writes."""
@@ -211,9 +221,13 @@ class TierManager:
             (p, h) for p, h in zip(dev_pages, hashes, strict=True) if self.index.lookup(h) is None
         ]
         n = min(len(todo), self.index.free_pages + self.index.cached_pages)
+        dropped = [p for p, _ in todo[n:] if p in self._dev_hash]  # still in L1: retried later
+        self._unsaved.update(dropped)
+        self.counters.host_save_dropped_pages += len(todo) - n
         if n == 0:
             return
         todo = todo[:n]
+        self._unsaved.difference_update(p for p, _ in todo)
         host_pages = self.index.alloc(n)
         assert host_pages is not None
         self.host.save([p for p, _ in todo], host_pages)
@@ -332,6 +346,7 @@ class TierManager:
         no device page is tree-owned any more."""
         if device_reset:
             self._dev_hash.clear()
+            self._unsaved.clear()
         self.index.clear()
         if device_reset:
             self.residency_ops()  # dropped: consumers are told AllBlocksCleared
@@ -341,10 +356,16 @@ class TierManager:
         when nothing was left unwritten. `tree_pages`: the device pages the tree owns now."""
         if self.storage is None:
             return True
-        if self.write_policy != "write_through":
-            # Pages only L1 holds (write_back / selective) reach storage through L2 now, as
-            # many as L2 can stage; the rest of L1 is lost with the process.
-            todo = [(p, h) for p, h in self._dev_hash.items() if p in tree_pages]
+        # Pages only L1 holds (write_back / selective; under write_through those L2 had no
+        # room for) reach storage through L2 now, as many as L2 can stage; the rest of L1 is
+        # lost with the process.
+        every = self.write_policy != "write_through"
+        todo = [
+            (p, h)
+            for p, h in self._dev_hash.items()
+            if p in tree_pages and (every or p in self._unsaved)
+        ]
+        if todo:
             self._save([p for p, _ in todo], [h for _, h in todo])
         done = self.storage.worker.drain_writes(timeout_s)
         self.poll()
@@ -366,6 +387,7 @@ class TierManager:
             "host_hit_tokens": self.counters.host_hit_tokens,
             "storage_hit_tokens": self.counters.storage_hit_tokens,
             "host_saved_pages": self.counters.host_saved_pages,
+            "host_save_dropped_pages": self.counters.host_save_dropped_pages,
             "storage_prefetch_pages": self.counters.prefetch_pages,
         }
         if self.storage is not None:
@@ -373,8 +395,10 @@ class TierManager:
         return out
 
     def check(self) -> None:
-        """The host census balances (the device pages it maps: `device_pages`)."""
+        """The host census balances (the device pages it maps: `device_pages`); every page
+        waiting for its L2 copy is one the tree owns."""
         self.index.check()
+        assert self._unsaved <= self._dev_hash.keys(), "an unsaved page the tree does not own"
 
     def device_pages(self) -> set[int]:
         """The device pages the tiers know the hashes of; each must be one the tree owns now
