@@ -155,6 +155,22 @@ def test_extensions_that_only_miss_are_not_waited_for() -> None:
     assert s["prefetch_est_found_known"] == -1.0  # none fetched
 
 
+def test_pages_the_replica_confirmed_in_storage_are_waited_for_whatever_the_found_rate() -> None:
+    """Fetches of prefixes still being computed elsewhere find few pages and pull the found
+    rate of known first pages down; a request whose own pages this replica confirmed in L3 is
+    still waited for (the known run is a floor of the share), one whose pages it knows only in
+    part is decided on that part."""
+    p = measured(bytes_per_s=3e8, prefill_tokens_per_s=3000.0)  # load 0.11 s, recompute 0.5 s
+    for _ in range(6):
+        p.observe_found("known", 10, PAGES)
+    d = p.decide(PAGES, PAGE, PAGE_BYTES, first="known")
+    assert not d.wait and d.reason == "miss"
+    d = p.decide(PAGES, PAGE, PAGE_BYTES, first="known", known_pages=PAGES)
+    assert d.wait and d.reason == "cheaper"
+    assert not p.decide(PAGES, PAGE, PAGE_BYTES, first="known", known_pages=1).wait
+    assert p.decide(PAGES, PAGE, PAGE_BYTES, first="known", known_pages=PAGES - 2).wait
+
+
 def test_sglang_policies_keep_their_meaning() -> None:
     slow = {"bytes_per_s": 1e3}
     assert not measured(bytes_per_s=1e12, name="best_effort").decide(PAGES, PAGE, 1).wait

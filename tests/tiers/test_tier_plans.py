@@ -7,6 +7,7 @@ aborted there."""
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -201,3 +202,25 @@ def test_pages_l2_had_no_room_for_reach_storage_at_shutdown(tmp_path: Path) -> N
     assert t.close({0, 1, 2, 3})
     stored = {p.name for p in (tmp_path / "l3").rglob("*") if p.is_file()}
     assert {h.hex() for h in t.hashes(a, 2 * PS) + t.hashes(b, 2 * PS)} <= stored
+
+
+def test_a_page_the_store_lost_is_no_longer_counted_as_known(tmp_path: Path) -> None:
+    """The replica's record of what it confirmed in L3 (the prefetch policy's floor of the
+    share found) forgets a page a fetch misses: the store lost it (a wiped Redis, a deleted
+    file), and later decisions must not count on it."""
+    pool = _pool()
+    t = TierManager(pool, PS, 4, "write_through", "fp", storage=("file", str(tmp_path / "l3")))
+    assert t.storage is not None
+    a = _req("a", list(range(2 * PS + 1)))
+    t.on_insert(a, _slots([0, 1]), 0, 2 * PS)
+    assert t.storage.worker.drain_writes(5.0)
+    t.poll()
+    first, second = t.hashes(a, 2 * PS)
+    assert {first, second} <= t.storage.known_hashes
+    next((tmp_path / "l3").rglob(second.hex())).unlink()  # the store lost the second page
+    t.flush(device_reset=True)  # nothing in L1 or L2: the prompt's pages are asked of L3
+    t.start_prefetch(_req("a2", list(range(2 * PS + 1))), 0)
+    deadline = time.monotonic() + 5
+    while t.storage.prefetch_pending("a2") and time.monotonic() < deadline:
+        t.poll(0.05)
+    assert first in t.storage.known_hashes and second not in t.storage.known_hashes

@@ -36,7 +36,11 @@ never held. For the pages past them, SGLang's policies keep their meaning:
   runs in the background, so a store that starts hitting (another replica wrote) is learnt
   from. Before the first fetch of its kind a known page counts as found and an extension waits
   unmeasured; a cold prompt is always decided as before (its first request after a restart
-  must find its prefix in L3, whatever missed before it).
+  must find its prefix in L3, whatever missed before it). The leading pages of the request's
+  own fetch that the replica itself confirmed in L3 (`known_pages`) are a floor of the share:
+  a found rate pulled down by other fetches (say, of prefixes still being computed elsewhere)
+  does not make it recompute what it knows is stored. A page it knew that a fetch then misses
+  is forgotten (the store lost it), so the floor never outlives the pages.
 
 Each estimate is a line y = a + b*x fitted by exponentially weighted least squares
 (`RunningLine`): recent observations weigh most, so the estimates follow a backend or a load
@@ -221,10 +225,12 @@ class PrefetchPolicy:
         healthy: bool = True,
         queued_pages: int = 0,
         first: str = "known",
+        known_pages: int = 0,
     ) -> Decision:
         """Should a request wait for `pages` storage pages (the part past L1 and L2), with
         `queued_pages` pages of other fetches queued before them? `first`: what is known of the
-        first of them (FIRST_KINDS). Pure: `count` records it."""
+        first of them (FIRST_KINDS); `known_pages`: how many of them, from the first, this
+        replica confirmed in L3 (a floor of the share found). Pure: `count` records it."""
         if self.name == "best_effort":
             return Decision(False, 0.0, "policy")
         if self.name == "wait_complete":
@@ -244,6 +250,9 @@ class PrefetchPolicy:
         if load is not None and load >= bound:  # even a lower bound of the load: no gain
             return Decision(False, 0.0, "slower", load, recompute)
         share = self.expected_found(first)
+        if known_pages > 0:
+            floor = min(1.0, known_pages / max(1, pages))
+            share = floor if share is None else max(share, floor)
         if share is not None and _not_worth(share, load, recompute):
             return Decision(False, 0.0, "miss", load, recompute)
         if load is None or not bandwidth_known or recompute is None:

@@ -101,8 +101,17 @@ class StorageTier:
         # The found share is learnt apart by what is known of the first page: a conversation's
         # new turn (an extension) is never in L3, a restarted server's prompt (cold) may be.
         first = self._first_kind(want, local)
+        known = 0  # the leading pages of `want` this replica confirmed in L3
+        while known < len(want) and (FULL, want[known]) in self._stored:
+            known += 1
         d = self.prefetch.decide(
-            max(1, len(want)), page_size, self.host.page_bytes, self.worker.healthy, queued, first
+            max(1, len(want)),
+            page_size,
+            self.host.page_bytes,
+            self.worker.healthy,
+            queued,
+            first,
+            known,
         )
         fid = self._fetch_ids = self._fetch_ids + 1
         asked = {self.key(h, sfx): (sfx, h) for _, sfx, h in extra}
@@ -164,9 +173,11 @@ class StorageTier:
                     self._known(h, sfx)
             elif isinstance(res, FetchDone):
                 self.prefetch.observe_fetch(res.timings)
-                asked = len(self._fetching.get(res.token, ("", [], {}))[1])
+                hashes = self._fetching.get(res.token, ("", [], {}))[1]
                 first = self._fetch_first.pop(res.token, "known")
-                self.prefetch.observe_found(first, len(res.payloads), asked)
+                self.prefetch.observe_found(first, len(res.payloads), len(hashes))
+                if len(res.payloads) < len(hashes):  # the first page the run missed: not in L3
+                    self._stored.discard((FULL, hashes[len(res.payloads)]))
                 landed += self._land(res)
         return landed
 
