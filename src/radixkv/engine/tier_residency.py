@@ -90,3 +90,18 @@ class TierResidency:
     def drain(self) -> list[TierOp]:
         ops, self._ops = self._ops, []
         return ops
+
+    def take_journals(
+        self, host: list[tuple[bool, bytes]] | None, storage: list[bytes] | None
+    ) -> list[TierOp]:
+        """Record the L2 index's journal (added or removed, hash) and the L3 tier's (hashes
+        confirmed stored), emptying both, then drain: the changes since the last call."""
+        for added, h in host or ():
+            (self.stored if added else self.removed)(MEDIUM_HOST, h)
+        for h in storage or ():
+            self.stored(MEDIUM_STORAGE, h)
+        if host:
+            host.clear()
+        if storage:
+            storage.clear()
+        return self.drain()

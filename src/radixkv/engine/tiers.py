@@ -41,7 +41,7 @@ from radixkv.config.sections import WRITE_POLICIES
 from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
 from radixkv.engine.storage_tier import StorageTier
-from radixkv.engine.tier_residency import MEDIUM_HOST, MEDIUM_STORAGE, TierOp, TierResidency
+from radixkv.engine.tier_residency import TierOp, TierResidency
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 from radixkv.storage import PageMeta, make_backend
@@ -137,23 +137,10 @@ class TierManager:
 
     def residency_ops(self) -> list[TierOp]:
         """The L2/L3 residency changes since the last call, in order ([] when not announced)."""
-        res = self.residency
-        if res is None:
+        if self.residency is None:
             return []
-        journal = self.index.journal
-        if journal:
-            for added, h in journal:
-                if added:
-                    res.stored(MEDIUM_HOST, h)
-                else:
-                    res.removed(MEDIUM_HOST, h)
-            journal.clear()
         l3 = self.storage.journal if self.storage is not None else None
-        if l3:
-            for h in l3:
-                res.stored(MEDIUM_STORAGE, h)
-            l3.clear()
-        return res.drain()
+        return self.residency.take_journals(self.index.journal, l3)
 
     # -- hashes --------------------------------------------------------------------------------
     def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
