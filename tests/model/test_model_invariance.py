@@ -58,27 +58,39 @@ def _extend(
     return torch.cat(out)
 
 
-def _problem(seed: int, dtype: torch.dtype, heads: tuple[int, int, int], length: int) -> tuple:
+def _problem(
+    seed: int, dtype: torch.dtype, heads: tuple[int, int, int], length: int, paged: bool = False
+) -> tuple:
+    """`paged`: the context in pages of 16 consecutive slots, the pages in random order (what a
+    page-16 pool gives; the decode kernel reads such keys straight from the pool); else every
+    key at a random slot."""
     h, kv, d = heads
     g = torch.Generator().manual_seed(seed)
-    n = length + 40
+    n = (length + 40 + 15) // 16 * 16
     pool = torch.randn(2, n, kv, d, generator=g).to(dtype)  # strided rows, as in the pool
     q = torch.randn(length, h, d, generator=g).to(dtype)
-    return q, pool[0], pool[1], torch.randperm(n, generator=g)[:length]
+    if paged:
+        pages = torch.randperm(n // 16, generator=g)
+        slots = (pages[:, None] * 16 + torch.arange(16)).reshape(-1)[:length]
+    else:
+        slots = torch.randperm(n, generator=g)[:length]
+    return q, pool[0], pool[1], slots
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", [(9, 3, 64), (4, 1, 128), (6, 2, 16), (8, 2, 256), (24, 1, 32)])
 @pytest.mark.parametrize("window", [0, 37, 100])
+@pytest.mark.parametrize("paged", [False, True])
 def test_attention_is_the_same_whatever_the_chunks(
-    dtype: torch.dtype, heads: tuple[int, int, int], window: int
+    dtype: torch.dtype, heads: tuple[int, int, int], window: int, paged: bool
 ) -> None:
     """Whole prompt vs random chunks (a cached prefix is the same call with the prefix's K/V
-    already in the pool) vs the decode kernel for the last positions: equal bits."""
+    already in the pool) vs the decode kernel for the last positions: equal bits, with keys at
+    scattered slots and in pages of 16 consecutive ones."""
     m = _module()
     rng = random.Random(heads[2] + window)
     length = rng.randrange(130, 300)
-    q, k, v, slots = _problem(length, dtype, heads, length)
+    q, k, v, slots = _problem(length, dtype, heads, length, paged)
     whole = _extend(m, q, k, v, slots, [length], window)
     cuts = sorted(rng.sample(range(1, length), 5))
     chunks = [b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True)]
