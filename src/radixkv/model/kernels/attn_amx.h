@@ -53,9 +53,8 @@ struct Scratch {
   alignas(64) float sc[kRows][kKeys];
   alignas(64) uint32_t pw[kRows][kKeys / 2];
   alignas(64) float o[kRows][kMaxD];
-  // attend_few only: the block's K rows as they are (the A tile of the transposed scores), the
-  // queries as words x rows (its B tile), and the transposed scores st[key][row].
-  alignas(64) uint16_t kr[kKeys][kMaxD];
+  // attend_few only: the queries as words x rows (the B tile of the transposed scores) and the
+  // transposed scores st[key][row].
   alignas(64) uint32_t qt[kMaxD / 2][kRows];
   alignas(64) float st[kKeys][kRows];
   float m[kRows], l[kRows], alpha[kRows];
@@ -66,7 +65,6 @@ struct Scratch {
   explicit Scratch(int64_t D) {
     const int64_t dp = (D + 31) / 32 * 32;
     for (int64_t i = D / 2; i < dp / 2; ++i) std::fill(kt[i], kt[i] + kKeys, 0u);
-    for (auto& row : kr) std::fill(row + D, row + dp, uint16_t{0});
   }
 
   // Row r's query: D values from src, then +0 up to the step of 32.
@@ -114,8 +112,8 @@ inline void load_values(const Geometry& g, const BF16* v, const int64_t* sl, int
 
 // The block's K rows transposed into kt (keys past nk repeat the last, finite and masked) and its
 // V rows as pairs (load_values).
-inline void load_block(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl,
-                       int64_t kb0, int64_t nk, int64_t h, Scratch& w) {
+inline void load_keys_t(const Geometry& g, const BF16* k, const int64_t* sl, int64_t kb0,
+                        int64_t nk, int64_t h, Scratch& w) {
   const int64_t nw = g.D / 2;
   for (int64_t j = 0; j * 16 < nk; ++j)
     for (int64_t i0 = 0; i0 < nw; i0 += 16) {
@@ -128,69 +126,94 @@ inline void load_block(const Geometry& g, const BF16* k, const BF16* v, const in
       radixkv_decode::transpose16(rows);
       for (int64_t t = 0; t < 16 && i0 + t < nw; ++t) _mm512_store_ps(&w.kt[i0 + t][j * 16], rows[t]);
     }
+}
+
+inline void load_block(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl,
+                       int64_t kb0, int64_t nk, int64_t h, Scratch& w) {
+  load_keys_t(g, k, sl, kb0, nk, h, w);
   load_values(g, v, sl, kb0, nk, h, w);
 }
 
-// Scores sc[row][key] of row tiles [0, rt_n) and key tiles [0, kt_n), over dp head-dim values.
-// Tiles 0-3 accumulate 2 row tiles x 2 key tiles; 4, 5 hold queries, 6, 7 K^T.
+// One operand of a tile product: step s's 16 rows start at base + s * step (bytes), `stride`
+// bytes apart.
+struct TileSrc {
+  const uint8_t* base;
+  int64_t stride, step;
+  const void* at(int64_t s) const { return base + s * step; }
+};
+
+inline TileSrc tile_src(const void* base, int64_t stride, int64_t step) {
+  return {static_cast<const uint8_t*>(base), stride, step};
+}
+
+// A block of up to 2 x 2 f32 tiles: c[i][j] (rows `ldc` bytes apart) = (its old value when
+// `accumulate`, else 0) + the sum over `steps` steps of A_i . B_j, for i < 1 + two_a and
+// j < 1 + two_b. Tiles 0-3 hold C[i][j] in tile 2i + j, 4-5 the A operands, 6-7 the B ones.
+// Each element is one chain over the steps in order, whatever else shares its tiles.
+inline void tile_block(const TileSrc (&a)[2], bool two_a, const TileSrc (&b)[2], bool two_b,
+                       int64_t steps, float* const (&c)[2][2], int64_t ldc, bool accumulate) {
+  if (accumulate) {
+    _tile_loadd(0, c[0][0], ldc);
+    if (two_b) _tile_loadd(1, c[0][1], ldc);
+    if (two_a) _tile_loadd(2, c[1][0], ldc);
+    if (two_a && two_b) _tile_loadd(3, c[1][1], ldc);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a[0].at(s), a[0].stride);
+    _tile_loadd(6, b[0].at(s), b[0].stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if (two_b) {
+      _tile_loadd(7, b[1].at(s), b[1].stride);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (two_a) {
+      _tile_loadd(5, a[1].at(s), a[1].stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if (two_b) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c[0][0], ldc);
+  if (two_b) _tile_stored(1, c[0][1], ldc);
+  if (two_a) _tile_stored(2, c[1][0], ldc);
+  if (two_a && two_b) _tile_stored(3, c[1][1], ldc);
+}
+
+// Scores sc[row][key] of row tiles [0, rt_n) and key tiles [0, kt_n), over dp head-dim values
+// (32 per step, in order): queries x K^T.
 inline void scores(int64_t rt_n, int64_t kt_n, int64_t dp, Scratch& w) {
   for (int64_t rt = 0; rt < rt_n; rt += 2)
     for (int64_t kt = 0; kt < kt_n; kt += 2) {
       const bool two_r = rt + 1 < rt_n, two_k = kt + 1 < kt_n;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t ds = 0; ds < dp / 32; ++ds) {  // 32 values of the head dim per step, in order
-        _tile_loadd(4, &w.qr[rt * 16][ds * 32], kMaxD * 2);
-        _tile_loadd(6, &w.kt[ds * 16][kt * 16], kKeys * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two_k) {
-          _tile_loadd(7, &w.kt[ds * 16][kt * 16 + 16], kKeys * 4);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (two_r) {
-          _tile_loadd(5, &w.qr[rt * 16 + 16][ds * 32], kMaxD * 2);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two_k) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-      _tile_stored(0, &w.sc[rt * 16][kt * 16], kKeys * 4);
-      if (two_k) _tile_stored(1, &w.sc[rt * 16][kt * 16 + 16], kKeys * 4);
-      if (two_r) _tile_stored(2, &w.sc[rt * 16 + 16][kt * 16], kKeys * 4);
-      if (two_r && two_k) _tile_stored(3, &w.sc[rt * 16 + 16][kt * 16 + 16], kKeys * 4);
+      const int64_t r1 = two_r ? rt * 16 + 16 : rt * 16, k1 = two_k ? kt * 16 + 16 : kt * 16;
+      const TileSrc a[2] = {tile_src(&w.qr[rt * 16][0], kMaxD * 2, 64),
+                            tile_src(&w.qr[r1][0], kMaxD * 2, 64)};
+      const TileSrc b[2] = {tile_src(&w.kt[0][kt * 16], kKeys * 4, 16 * kKeys * 4),
+                            tile_src(&w.kt[0][k1], kKeys * 4, 16 * kKeys * 4)};
+      float* const c[2][2] = {{&w.sc[rt * 16][kt * 16], &w.sc[rt * 16][k1]},
+                              {&w.sc[r1][kt * 16], &w.sc[r1][k1]}};
+      tile_block(a, two_r, b, two_k, dp / 32, c, kKeys * 4, false);
     }
 }
 
-// o[row][d] += pw[row] . vb for row tiles [0, rt_n) and d tiles [0, dt_n), 32 keys per step.
+// o[row][d] += pw[row] . vb for row tiles [0, rt_n) and d tiles [0, dt_n), 32 keys per step
+// (two steps, in order).
 inline void values(int64_t rt_n, int64_t dt_n, Scratch& w) {
   for (int64_t rt = 0; rt < rt_n; rt += 2)
     for (int64_t dt = 0; dt < dt_n; dt += 2) {
       const bool two_r = rt + 1 < rt_n, two_d = dt + 1 < dt_n;
-      float* o0 = &w.o[rt * 16][dt * 16];
-      float* o2 = &w.o[rt * 16 + 16][dt * 16];
-      _tile_loadd(0, o0, kMaxD * 4);
-      if (two_d) _tile_loadd(1, o0 + 16, kMaxD * 4);
-      if (two_r) _tile_loadd(2, o2, kMaxD * 4);
-      if (two_r && two_d) _tile_loadd(3, o2 + 16, kMaxD * 4);
-      for (int64_t ks = 0; ks < 2; ++ks) {  // keys [32 ks, 32 ks + 32), in order
-        _tile_loadd(4, &w.pw[rt * 16][ks * 16], kKeys * 2);
-        _tile_loadd(6, &w.vb[ks * 16][dt * 16], kMaxD * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two_d) {
-          _tile_loadd(7, &w.vb[ks * 16][dt * 16 + 16], kMaxD * 4);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (two_r) {
-          _tile_loadd(5, &w.pw[rt * 16 + 16][ks * 16], kKeys * 2);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two_d) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-      _tile_stored(0, o0, kMaxD * 4);
-      if (two_d) _tile_stored(1, o0 + 16, kMaxD * 4);
-      if (two_r) _tile_stored(2, o2, kMaxD * 4);
-      if (two_r && two_d) _tile_stored(3, o2 + 16, kMaxD * 4);
+      const int64_t r1 = two_r ? rt * 16 + 16 : rt * 16, d1 = two_d ? dt * 16 + 16 : dt * 16;
+      const TileSrc a[2] = {tile_src(&w.pw[rt * 16][0], kKeys * 2, 64),
+                            tile_src(&w.pw[r1][0], kKeys * 2, 64)};
+      const TileSrc b[2] = {tile_src(&w.vb[0][dt * 16], kMaxD * 4, 16 * kMaxD * 4),
+                            tile_src(&w.vb[0][d1], kMaxD * 4, 16 * kMaxD * 4)};
+      float* const c[2][2] = {{&w.o[rt * 16][dt * 16], &w.o[rt * 16][d1]},
+                              {&w.o[r1][dt * 16], &w.o[r1][d1]}};
+      tile_block(a, two_r, b, two_d, kKeys / 32, c, kMaxD * 4, true);
     }
 }
 
@@ -244,73 +267,52 @@ inline void attend(const Geometry& g, const BF16* k, const BF16* v, const int64_
 // transposing K. A score is one TDPBF16PS chain either way: with the roles of the tiles swapped
 // (A = 16 keys' rows, B = the queries as words x rows), element [key][row] takes the same bf16
 // products (exact in f32) in the same order, so its bits are those of attend's [row][key]. The
-// A tiles are read straight from the pool where a key tile's 16 keys sit at consecutive slots
-// (a page of 16), else from a copy; each row's 64 scores are gathered back into sc[row], and
-// from there on everything is attend's own code. Reading K where it lies is the point: a tile
+// A tiles are read straight from the pool, for blocks whose key tiles are each 16 keys at
+// consecutive slots (a page of 16); each row's 64 scores are gathered back into sc[row], and
+// from there on everything is attend's own code. Other blocks (scattered slots, a context's
+// partial last block) take attend's transposed K. Reading K where it lies is the point: a tile
 // load of lines that vector stores have just written (attend's transposed kt) waits for them,
 // and for a decode item (3 rows against 64 keys) that wait was most of the block's time; this
 // path takes a decode step's attention from 6.5 to 4.8 ms (2 requests x 2,000 keys, 30 layers).
 
-// Where each key tile's 16 K rows are read from: straight from the pool when they sit at 16
-// consecutive slots (a page of 16 does), else from kr, where they are copied (keys past nk
-// repeating the last).
+// Where each key tile's 16 K rows lie in the pool, when every tile of the block is 16 keys at
+// consecutive slots (a page of 16 gives that; a head dim of whole steps of 32 too, so a tile
+// row never reads past the head): `in_pool` says so, else the block takes attend's transposed K.
 struct KeySrc {
   const uint16_t* base[kKeys / 16];
-  int64_t stride[kKeys / 16];  // bytes
+  int64_t stride = 0;  // bytes
+  bool in_pool = false;
 };
 
-inline void load_key_rows(const Geometry& g, const BF16* k, const int64_t* sl, int64_t kb0,
-                          int64_t nk, int64_t h, Scratch& w, KeySrc& src) {
-  const int64_t n = std::min<int64_t>(kKeys, (nk + 15) / 16 * 16);
-  for (int64_t t = 0; t * 16 < n; ++t) {
-    const int64_t c0 = t * 16;
-    bool run = g.D % 32 == 0 && c0 + 16 <= nk;
-    for (int64_t i = 1; run && i < 16; ++i) run = sl[kb0 + c0 + i] == sl[kb0 + c0] + i;
-    if (run) {
-      src.base[t] = reinterpret_cast<const uint16_t*>(k + sl[kb0 + c0] * g.k_row + h * g.k_head);
-      src.stride[t] = g.k_row * 2;
-      continue;
-    }
-    src.base[t] = w.kr[c0];
-    src.stride[t] = kMaxD * 2;
-    for (int64_t c = c0; c < c0 + 16; ++c) {
-      const BF16* from = k + sl[kb0 + std::min<int64_t>(c, nk - 1)] * g.k_row + h * g.k_head;
-      for (int64_t d = 0; d < g.D; d += 32) {
-        const __mmask32 live = g.D - d >= 32 ? ~__mmask32{0} : (__mmask32{1} << (g.D - d)) - 1;
-        _mm512_mask_storeu_epi16(&w.kr[c][d], live, _mm512_maskz_loadu_epi16(live, from + d));
-      }
-    }
+inline KeySrc key_tiles(const Geometry& g, const BF16* k, const int64_t* sl, int64_t kb0,
+                        int64_t nk, int64_t h) {
+  KeySrc src;
+  if (g.D % 32 || nk % 16) return src;
+  for (int64_t t = 0; t * 16 < nk; ++t) {
+    const int64_t* run = sl + kb0 + t * 16;
+    for (int64_t i = 1; i < 16; ++i)
+      if (run[i] != run[0] + i) return src;
+    src.base[t] = reinterpret_cast<const uint16_t*>(k + run[0] * g.k_row + h * g.k_head);
   }
+  src.stride = g.k_row * 2;
+  src.in_pool = true;
+  return src;
 }
 
-// st[key][row] for key tiles [0, kt_n) and row tiles [0, rt_n), over dp head-dim values.
-// Tiles 0-3 accumulate 2 key tiles x 2 row tiles; 4, 5 hold K rows, 6, 7 the queries.
+// st[key][row] for key tiles [0, kt_n) and row tiles [0, rt_n), over dp head-dim values: K rows
+// x the queries transposed.
 inline void scores_t(int64_t rt_n, int64_t kt_n, int64_t dp, const KeySrc& src, Scratch& w) {
   for (int64_t kt = 0; kt < kt_n; kt += 2)
     for (int64_t rt = 0; rt < rt_n; rt += 2) {
       const bool two_k = kt + 1 < kt_n, two_r = rt + 1 < rt_n;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t ds = 0; ds < dp / 32; ++ds) {  // 32 values of the head dim per step, in order
-        _tile_loadd(4, src.base[kt] + ds * 32, src.stride[kt]);
-        _tile_loadd(6, &w.qt[ds * 16][rt * 16], kRows * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two_r) {
-          _tile_loadd(7, &w.qt[ds * 16][rt * 16 + 16], kRows * 4);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (two_k) {
-          _tile_loadd(5, src.base[kt + 1] + ds * 32, src.stride[kt + 1]);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two_r) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-      _tile_stored(0, &w.st[kt * 16][rt * 16], kRows * 4);
-      if (two_r) _tile_stored(1, &w.st[kt * 16][rt * 16 + 16], kRows * 4);
-      if (two_k) _tile_stored(2, &w.st[kt * 16 + 16][rt * 16], kRows * 4);
-      if (two_k && two_r) _tile_stored(3, &w.st[kt * 16 + 16][rt * 16 + 16], kRows * 4);
+      const int64_t k1 = two_k ? kt + 1 : kt, r1 = two_r ? rt * 16 + 16 : rt * 16;
+      const TileSrc a[2] = {tile_src(src.base[kt], src.stride, 64),
+                            tile_src(src.base[k1], src.stride, 64)};
+      const TileSrc b[2] = {tile_src(&w.qt[0][rt * 16], kRows * 4, 16 * kRows * 4),
+                            tile_src(&w.qt[0][r1], kRows * 4, 16 * kRows * 4)};
+      float* const c[2][2] = {{&w.st[kt * 16][rt * 16], &w.st[kt * 16][r1]},
+                              {&w.st[k1 * 16][rt * 16], &w.st[k1 * 16][r1]}};
+      tile_block(a, two_k, b, two_r, dp / 32, c, kRows * 4, false);
     }
 }
 
@@ -337,15 +339,18 @@ inline void attend_few(const Geometry& g, const BF16* k, const BF16* v, const in
   const int64_t lo = g.window > 0 ? std::max<int64_t>(0, first - g.window + 1) : 0;
   for (int64_t kb0 = lo / kKeys * kKeys; kb0 <= last; kb0 += kKeys) {
     const int64_t nk = std::min<int64_t>(kKeys, last + 1 - kb0), kt_n = (nk + 15) / 16;
-    KeySrc src;
-    load_key_rows(g, k, sl, kb0, nk, h, w, src);
+    const KeySrc src = key_tiles(g, k, sl, kb0, nk, h);
     load_values(g, v, sl, kb0, nk, h, w);
-    scores_t(rt_n, kt_n, dp, src, w);
-    for (int64_t r = 0; r < R; ++r) {
-      for (int64_t j = 0; j < kt_n; ++j)  // tiles past kt_n: stale, and finish_row masks them
-        _mm512_store_ps(&w.sc[r][j * 16], _mm512_i32gather_ps(gather, &w.st[j * 16][r], 4));
-      finish_row(g, r, kb0, nk, w);
+    if (src.in_pool) {
+      scores_t(rt_n, kt_n, dp, src, w);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < kt_n; ++j)  // tiles past kt_n: stale, and finish_row masks them
+          _mm512_store_ps(&w.sc[r][j * 16], _mm512_i32gather_ps(gather, &w.st[j * 16][r], 4));
+    } else {  // scattered slots, a partial last block: the same bits through attend's K^T
+      load_keys_t(g, k, sl, kb0, nk, h, w);
+      scores(rt_n, kt_n, dp, w);
     }
+    for (int64_t r = 0; r < R; ++r) finish_row(g, r, kb0, nk, w);
     values(rt_n, g.D / 16, w);
   }
 }
