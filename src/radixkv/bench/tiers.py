@@ -41,7 +41,6 @@ from radixkv.bench import multiturn as mt
 # this machine and model (every earlier token cached, nothing loaded), so no tier can beat it: the
 # ceiling of the "vs L1" column, measured rather than assumed.
 MODES = ("L1", "L1+L2", "L1+L2+L3", "L1-all")
-DEFAULT_MODES = MODES
 
 
 def register(subparsers: Any) -> None:
@@ -62,9 +61,7 @@ def register(subparsers: Any) -> None:
     t = p.add_argument_group("tiers")
     t.add_argument("--hicache-size", type=float, default=None, help="L2 MiB (default: server's)")
     t.add_argument("--storage-url", default=None, help="L3 redis:// URL (default: a file dir)")
-    t.add_argument(
-        "--modes", default=",".join(DEFAULT_MODES), help="comma list of " + "|".join(MODES)
-    )
+    t.add_argument("--modes", default=",".join(MODES), help="comma list of " + "|".join(MODES))
     t.add_argument("--prefix-len", type=int, default=1024, help="restart test: shared prefix")
     t.add_argument("--skip-restart", action="store_true")
     p.add_argument("--server-arg", action="append", default=[], help="extra serve flag (repeat)")
@@ -91,8 +88,9 @@ def mode_slots(mode: str, shape: mt.Shape, args: argparse.Namespace) -> int:
     the requests in flight besides (nothing is ever evicted)."""
     if mode != "L1-all":
         return l1_slots(shape, args.l1_frac, args.page_size, args.concurrency)
-    in_flight = l1_slots(shape, 0.0, args.page_size, args.concurrency)
-    return in_flight + l1_slots(shape, 1.0, args.page_size, 0)
+    return l1_slots(shape, 0.0, args.page_size, args.concurrency) + l1_slots(
+        shape, 1.0, args.page_size, 0
+    )
 
 
 def mode_flags(mode: str, args: argparse.Namespace, slots: int, l3_dir: str) -> list[str]:

@@ -44,7 +44,7 @@ struct Geometry {
   float scale;
 };
 
-// One thread's buffers (about 190 KB, allocated once per call and thread, not zeroed: every part
+// One thread's buffers (about 240 KB, allocated once per call and thread, not zeroed: every part
 // a live row reads is written first; padding rows only ever reach padding outputs).
 struct Scratch {
   alignas(64) uint16_t qr[kRows][kMaxD];
@@ -53,8 +53,8 @@ struct Scratch {
   alignas(64) float sc[kRows][kKeys];
   alignas(64) uint32_t pw[kRows][kKeys / 2];
   alignas(64) float o[kRows][kMaxD];
-  // attend_few only: the queries as words x rows (the B tile of the transposed scores) and the
-  // transposed scores st[key][row].
+  // One row tile only (attend): the queries as words x rows (the B tile of the transposed
+  // scores) and the transposed scores st[key][row].
   alignas(64) uint32_t qt[kMaxD / 2][kRows];
   alignas(64) float st[kKeys][kRows];
   float m[kRows], l[kRows], alpha[kRows];
@@ -110,8 +110,7 @@ inline void load_values(const Geometry& g, const BF16* v, const int64_t* sl, int
   }
 }
 
-// The block's K rows transposed into kt (keys past nk repeat the last, finite and masked) and its
-// V rows as pairs (load_values).
+// The block's K rows transposed into kt (keys past nk repeat the last, finite and masked).
 inline void load_keys_t(const Geometry& g, const BF16* k, const int64_t* sl, int64_t kb0,
                         int64_t nk, int64_t h, Scratch& w) {
   const int64_t nw = g.D / 2;
@@ -126,12 +125,6 @@ inline void load_keys_t(const Geometry& g, const BF16* k, const int64_t* sl, int
       radixkv_decode::transpose16(rows);
       for (int64_t t = 0; t < 16 && i0 + t < nw; ++t) _mm512_store_ps(&w.kt[i0 + t][j * 16], rows[t]);
     }
-}
-
-inline void load_block(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl,
-                       int64_t kb0, int64_t nk, int64_t h, Scratch& w) {
-  load_keys_t(g, k, sl, kb0, nk, h, w);
-  load_values(g, v, sl, kb0, nk, h, w);
 }
 
 // One operand of a tile product: step s's 16 rows start at base + s * step (bytes), `stride`
@@ -241,39 +234,16 @@ inline void finish_row(const Geometry& g, int64_t r, int64_t kb0, int64_t nk, Sc
   }
 }
 
-// Rows [0, w.rows) (queries in qr, positions in pos) of KV head h attend to the context whose
-// key j sits at slot sl[j]; o and l hold the unnormalised output and the softmax sums after.
-// Needs the tile configuration of radixkv_amx::configure() on this thread.
-inline void attend(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl, int64_t h,
-                   Scratch& w) {
-  const int64_t R = w.rows, rt_n = (R + 15) / 16, dp = (g.D + 31) / 32 * 32;
-  for (int64_t r = 0; r < R; ++r) {
-    w.m[r] = kNegInf;
-    w.l[r] = 0.f;
-    std::fill(w.o[r], w.o[r] + g.D, 0.f);
-  }
-  const int64_t first = w.pos[0], last = w.pos[R - 1];
-  const int64_t lo = g.window > 0 ? std::max<int64_t>(0, first - g.window + 1) : 0;
-  for (int64_t kb0 = lo / kKeys * kKeys; kb0 <= last; kb0 += kKeys) {
-    const int64_t nk = std::min<int64_t>(kKeys, last + 1 - kb0);
-    load_block(g, k, v, sl, kb0, nk, h, w);
-    scores(rt_n, (nk + 15) / 16, dp, w);
-    for (int64_t r = 0; r < R; ++r) finish_row(g, r, kb0, nk, w);
-    values(rt_n, g.D / 16, w);
-  }
-}
-
-// attend's arithmetic for a few rows (a decode item: the G heads of one request), without
-// transposing K. A score is one TDPBF16PS chain either way: with the roles of the tiles swapped
-// (A = 16 keys' rows, B = the queries as words x rows), element [key][row] takes the same bf16
-// products (exact in f32) in the same order, so its bits are those of attend's [row][key]. The
-// A tiles are read straight from the pool, for blocks whose key tiles are each 16 keys at
-// consecutive slots (a page of 16); each row's 64 scores are gathered back into sc[row], and
-// from there on everything is attend's own code. Other blocks (scattered slots, a context's
-// partial last block) take attend's transposed K. Reading K where it lies is the point: a tile
-// load of lines that vector stores have just written (attend's transposed kt) waits for them,
-// and for a decode item (3 rows against 64 keys) that wait was most of the block's time; this
-// path takes a decode step's attention from 6.5 to 4.8 ms (2 requests x 2,000 keys, 30 layers).
+// The scores of a few rows (at most one row tile: a decode item, the G heads of one request)
+// need not transpose K. A score is one TDPBF16PS chain either way: with the roles of the tiles
+// swapped (A = 16 keys' rows, B = the queries as words x rows), element [key][row] takes the same
+// bf16 products (exact in f32) in the same order, so its bits are those of [row][key]. The A
+// tiles are read straight from the pool, for blocks whose key tiles are each 16 keys at
+// consecutive slots (a page of 16), and each row's 64 scores are gathered back into sc[row].
+// Reading K where it lies is the point: a tile load of lines that vector stores have just written
+// (the transposed kt) waits for them, and for a decode item (3 rows against 64 keys) that wait
+// was most of the block's time; this takes a decode step's attention from 6.5 to 4.8 ms (2
+// requests x 2,000 keys, 30 layers).
 
 // Where each key tile's 16 K rows lie in the pool, when every tile of the block is 16 keys at
 // consecutive slots (a page of 16 gives that; a head dim of whole steps of 32 too, so a tile
@@ -316,18 +286,23 @@ inline void scores_t(int64_t rt_n, int64_t kt_n, int64_t dp, const KeySrc& src, 
     }
 }
 
-// Rows [0, w.rows) of KV head h attend to the context at slots sl: attend's results, bit for bit.
-inline void attend_few(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl,
-                       int64_t h, Scratch& w) {
+// Rows [0, w.rows) (queries in qr, positions in pos) of KV head h attend to the context whose
+// key j sits at slot sl[j]; o and l hold the unnormalised output and the softmax sums after.
+// A block's scores take K straight from the pool when the rows fit one row tile and its key tiles
+// lie at consecutive slots (see above), else the transposed K: the same bits either way.
+// Needs the tile configuration of radixkv_amx::configure() on this thread.
+inline void attend(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl, int64_t h,
+                   Scratch& w) {
   const int64_t R = w.rows, rt_n = (R + 15) / 16, dp = (g.D + 31) / 32 * 32;
+  const bool few = rt_n == 1;
   for (int64_t r = 0; r < R; ++r) {
     w.m[r] = kNegInf;
     w.l[r] = 0.f;
     std::fill(w.o[r], w.o[r] + g.D, 0.f);
   }
   // qt[word][row]: word i of row r's query (+0 past D and for rows past R, up to the row tile).
-  for (int64_t i = 0; i < dp / 2; ++i)
-    for (int64_t r = 0; r < rt_n * 16; ++r) {
+  for (int64_t i = 0; few && i < dp / 2; ++i)
+    for (int64_t r = 0; r < 16; ++r) {
       uint32_t word = 0;
       if (r < R) std::memcpy(&word, &w.qr[r][2 * i], 4);
       w.qt[i][r] = word;
@@ -339,14 +314,14 @@ inline void attend_few(const Geometry& g, const BF16* k, const BF16* v, const in
   const int64_t lo = g.window > 0 ? std::max<int64_t>(0, first - g.window + 1) : 0;
   for (int64_t kb0 = lo / kKeys * kKeys; kb0 <= last; kb0 += kKeys) {
     const int64_t nk = std::min<int64_t>(kKeys, last + 1 - kb0), kt_n = (nk + 15) / 16;
-    const KeySrc src = key_tiles(g, k, sl, kb0, nk, h);
+    const KeySrc src = few ? key_tiles(g, k, sl, kb0, nk, h) : KeySrc{};
     load_values(g, v, sl, kb0, nk, h, w);
     if (src.in_pool) {
       scores_t(rt_n, kt_n, dp, src, w);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t j = 0; j < kt_n; ++j)  // tiles past kt_n: stale, and finish_row masks them
           _mm512_store_ps(&w.sc[r][j * 16], _mm512_i32gather_ps(gather, &w.st[j * 16][r], 4));
-    } else {  // scattered slots, a partial last block: the same bits through attend's K^T
+    } else {  // many rows, scattered slots, a partial last block: K^T
       load_keys_t(g, k, sl, kb0, nk, h, w);
       scores(rt_n, kt_n, dp, w);
     }

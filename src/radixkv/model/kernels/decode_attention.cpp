@@ -195,11 +195,7 @@ void run_amx(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
                     w.pos[j] = lp[r] - 1;
                     w.set_query(j, qp + (r * H + h * G + g0 + j) * D, D);
                   }
-                  // Few rows: no K transpose (the same bits, see attend_few).
-                  if (gn <= 16)
-                    amx::attend_few(g, kp, vp, sp + r * W, h, w);
-                  else
-                    amx::attend(g, kp, vp, sp + r * W, h, w);
+                  amx::attend(g, kp, vp, sp + r * W, h, w);
                   for (int64_t j = 0; j < gn; ++j)
                     amx::store_row(w, j, D, op + (r * H + h * G + g0 + j) * D);
                 });
