@@ -30,6 +30,7 @@ from radixkv.model.config import LlamaConfig
 from radixkv.model.hybrid import single_pool
 from radixkv.model.layers import rms_norm, rope_cos_sin, rope_inv_freq
 from radixkv.model.linear import PackedLinear
+from radixkv.model.native_stack import NativeStack
 
 if TYPE_CHECKING:
     from radixkv.model.compiled import CompiledStack
@@ -121,6 +122,7 @@ class CausalLM(nn.Module):
         self.head = PackedLinear(self.lm_head.detach())
         self.windows = [layer.window for layer in self.decoder_layers]
         self.compiled: CompiledStack | None = None
+        self._native: NativeStack | bool | None = True  # True: not built yet
         self.inv_freq: torch.Tensor
         self.register_buffer(
             "inv_freq",
@@ -150,6 +152,13 @@ class CausalLM(nn.Module):
         if self.compiled is None:
             self.compiled = CompiledStack(self.decoder_layers)
 
+    def native_stack(self) -> NativeStack | None:
+        """The layers as one C++ call (radixkv.model.native_stack), built on first use; None
+        where it cannot serve this model."""
+        if self._native is True:
+            self._native = NativeStack.of(self)
+        return self._native if isinstance(self._native, NativeStack) else None
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool | ModelPools) -> torch.Tensor:
         batch, pool = single_pool(batch, pool, self.pool_spec)  # ModelPools → its one pool
@@ -166,8 +175,11 @@ class CausalLM(nn.Module):
             windows=self.windows,
             scale=self.config.head_dim**-0.5,
         )
+        native = self.native_stack()
         if self.compiled is not None:
             x = self.compiled(x, cos, sin, ctx)
+        elif native is not None and native.serves(x, cos, ctx):
+            x = native(x, cos, sin, ctx)
         else:
             for layer in self.layers:
                 x = layer(x, cos, sin, ctx)

@@ -11,6 +11,8 @@
 
 - `pointwise()`: RMSNorm, SiLU * up and RoPE (`pointwise.cpp`) with one fixed arithmetic per
   row, called by the eager and the compiled model alike.
+- `DecoderStack` (`stack.cpp`): a Llama-family model's layers in one call that makes the very
+  kernel calls of the eager layers, in order (radixkv.model.native_stack).
 
 On CPUs with AMX, bfloat16 attention and GEMMs run on AMX tiles (`attn_amx.h`, `gemm_amx.h`);
 `RADIXKV_AMX=0` keeps a process on the AVX-512 kernels (other bits, the same invariance).
@@ -58,6 +60,7 @@ SOURCES = [
         "extend_attention.cpp",
         "gemm.cpp",
         "pointwise.cpp",
+        "stack.cpp",
     )
 ]
 

@@ -20,6 +20,7 @@ torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+void bind_stack(pybind11::module& m);  // stack.cpp: the DecoderStack class
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention,
@@ -36,4 +37,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_pack", &gemm_pack, "Repack W [N, K] for gemm (N padded to 16)");
   m.def("gemm", &gemm, "x [M, K] @ packed W^T (+ f32 bias), row-invariant reduction order");
   m.def("gemm_silu", &gemm_silu, "silu(gate) * up of x @ [gate; up]^T, blocks interleaved (AMX)");
+  bind_stack(m);
 }

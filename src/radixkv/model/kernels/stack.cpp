@@ -1,0 +1,160 @@
+// A Llama-family decoder stack in one call (radixkv.model.stack builds it from the Python layers).
+//
+// Every layer's steps are the calls the Python layer (radixkv.model.blocks) makes, to the same
+// kernels, on the same tensors, in the same order: RMSNorm, the fused QKV product, optional
+// per-head Q/K norms, RoPE, the pool write (index_copy_), attention (the extend kernel for the
+// multi-token requests, the decode kernel for the one-token ones), the output product and the
+// residual add (at::add, torch's own kernel), then the MLP. So every output bit is the Python
+// path's; what the stack removes is the interpreter and the dispatcher between the ~20 calls of
+// a layer, which on the default model took about a third of a decode step.
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <vector>
+
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor slots, torch::Tensor lens, int64_t window,
+                               double scale);
+torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor slots, torch::Tensor ctx_start, torch::Tensor q_start,
+                               torch::Tensor new_len, torch::Tensor prefix, int64_t window,
+                               double scale);
+torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
+                   c10::optional<torch::Tensor> bias);
+torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
+                        c10::optional<torch::Tensor> bias);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+
+namespace {
+
+// One projection as PackedLinear holds it: the packed weight, the product's output count (both
+// halves when fused with SiLU), its f32 bias, and whether silu(gate) * up is fused in.
+struct Proj {
+  torch::Tensor w;
+  int64_t n;
+  c10::optional<torch::Tensor> bias;
+  bool silu;
+
+  // PackedLinear.__call__ on x [M, K] (contiguous).
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    return silu ? gemm_silu(x, w, n, bias) : gemm(x, w, n, bias);
+  }
+};
+
+struct Layer {
+  torch::Tensor in_norm, post_norm;
+  c10::optional<torch::Tensor> q_norm, k_norm;  // per-head RMSNorm before RoPE (Qwen3)
+  Proj qkv, o, gate_up, down;
+  int64_t window;  // 0: none
+};
+
+// The attention metadata of one forward (radixkv.model.attention_meta), as the kernels take it:
+// the one-token requests' rows, padded context slots and lengths; the multi-token requests'
+// packed arguments. Either part may be absent.
+struct Meta {
+  c10::optional<torch::Tensor> dec_rows, dec_slots, dec_lens;
+  std::vector<torch::Tensor> ext;  // slots, ctx_start, q_start, new_len, prefix (or empty)
+};
+
+class DecoderStack {
+ public:
+  DecoderStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale)
+      : H_(heads), KV_(kv_heads), D_(head_dim), eps_(eps), scale_(scale) {}
+
+  void add_layer(torch::Tensor in_norm, torch::Tensor post_norm,
+                 c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
+                 std::vector<torch::Tensor> weights, std::vector<int64_t> outs,
+                 std::vector<c10::optional<torch::Tensor>> biases, bool mlp_silu_fused,
+                 int64_t window) {
+    TORCH_CHECK(weights.size() == 4 && outs.size() == 4 && biases.size() == 4,
+                "add_layer: qkv, o, gate_up, down");
+    layers_.push_back(Layer{in_norm, post_norm, q_norm, k_norm,
+                            Proj{weights[0], outs[0], biases[0], false},
+                            Proj{weights[1], outs[1], biases[1], false},
+                            Proj{weights[2], outs[2], biases[2], mlp_silu_fused},
+                            Proj{weights[3], outs[3], biases[3], false}, window});
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // x [T, hidden] -> x after every layer. k_pools[i] / v_pools[i]: layer i's pool tensors
+  // [slots, KV, D] in x's dtype; out_slots [T]: where this step's K/V go.
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const std::vector<torch::Tensor>& k_pools,
+                        const std::vector<torch::Tensor>& v_pools,
+                        const torch::Tensor& out_slots, c10::optional<torch::Tensor> dec_rows,
+                        c10::optional<torch::Tensor> dec_slots,
+                        c10::optional<torch::Tensor> dec_lens, std::vector<torch::Tensor> ext) {
+    TORCH_CHECK(k_pools.size() == layers_.size() && v_pools.size() == layers_.size(),
+                "one K and one V pool per layer");
+    TORCH_CHECK(ext.empty() || ext.size() == 5, "extend metadata: 5 tensors or none");
+    TORCH_CHECK(!ext.empty() || (dec_slots && dec_lens), "a forward with no requests");
+    const Meta meta{dec_rows, dec_slots, dec_lens, std::move(ext)};
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& L = layers_[i];
+      x = at::add(x, attention(L, rms_norm(x, L.in_norm, eps_), cos, sin, k_pools[i],
+                               v_pools[i], out_slots, meta));
+      x = at::add(x, mlp(L, rms_norm(x, L.post_norm, eps_)));
+    }
+    return x;
+  }
+
+ private:
+  // Attention.forward: h [T, hidden] (normed) -> the block's output [T, hidden].
+  torch::Tensor attention(const Layer& L, const torch::Tensor& h, const torch::Tensor& cos,
+                          const torch::Tensor& sin, torch::Tensor k_pool, torch::Tensor v_pool,
+                          const torch::Tensor& out_slots, const Meta& meta) const {
+    const int64_t t = h.size(0), q_size = H_ * D_, kv_size = KV_ * D_;
+    const torch::Tensor qkv = L.qkv(h.contiguous());
+    torch::Tensor q = qkv.narrow(1, 0, q_size).view({t, H_, D_});
+    torch::Tensor k = qkv.narrow(1, q_size, kv_size).view({t, KV_, D_});
+    const torch::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, KV_, D_});
+    if (L.q_norm && L.k_norm) {
+      q = rms_norm(q, *L.q_norm, eps_);
+      k = rms_norm(k, *L.k_norm, eps_);
+    }
+    q = rope(q, cos, sin);
+    k = rope(k, cos, sin);
+    // Invariant: this step's K/V are in the pool before attention reads the context by slot.
+    k_pool.index_copy_(0, out_slots, k);
+    v_pool.index_copy_(0, out_slots, v);
+    torch::Tensor out;
+    if (meta.ext.empty()) {
+      out = decode_attention(q, k_pool, v_pool, *meta.dec_slots, *meta.dec_lens, L.window, scale_);
+    } else {
+      const auto& e = meta.ext;
+      out = extend_attention(q, k_pool, v_pool, e[0], e[1], e[2], e[3], e[4], L.window, scale_);
+      if (meta.dec_rows) {  // the one-token requests' rows, left unset by the extend kernel
+        const torch::Tensor dec =
+            decode_attention(q.index_select(0, *meta.dec_rows), k_pool, v_pool, *meta.dec_slots,
+                             *meta.dec_lens, L.window, scale_);
+        out.index_copy_(0, *meta.dec_rows, dec);
+      }
+    }
+    return L.o(out.reshape({t, q_size}).contiguous());
+  }
+
+  // GatedMLP.forward (SiLU): down(silu(gate) * up), the SiLU fused into the product or not.
+  torch::Tensor mlp(const Layer& L, const torch::Tensor& h) const {
+    torch::Tensor act = L.gate_up(h.contiguous());
+    if (!L.gate_up.silu) act = silu_mul(act);
+    return L.down(act.contiguous());
+  }
+
+  int64_t H_, KV_, D_;
+  double eps_, scale_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+void bind_stack(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<DecoderStack>(m, "DecoderStack")
+      .def(py::init<int64_t, int64_t, int64_t, double, double>())
+      .def("add_layer", &DecoderStack::add_layer)
+      .def("num_layers", &DecoderStack::num_layers)
+      .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>());
+}
