@@ -186,7 +186,7 @@ void run_amx(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   const amx::Geometry g{D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), window, scale};
-  auto make = [D] { return std::make_unique<amx::TileThread>(D); };
+  auto make = [] { return std::make_unique<amx::TileThread>(); };
   for_each_item(R, KV, G, amx::kRows, lp, make,
                 [&](int64_t r, int64_t h, int64_t g0, int64_t gn, amx::TileThread& tt) {
                   amx::Scratch& w = tt.w;

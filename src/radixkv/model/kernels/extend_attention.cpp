@@ -106,7 +106,7 @@ void run_amx(const Problem& P, const c10::BFloat16* q, const c10::BFloat16* k,
   const amx::Geometry g{P.D, P.k_row, P.k_head, P.v_row, P.v_head, P.window, P.scale};
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      auto tt = std::make_unique<amx::TileThread>(P.D);
+      auto tt = std::make_unique<amx::TileThread>();
       amx::Scratch* w = &tt->w;
       for (int64_t i = next++; i < n; i = next++) {
         const Item& it = items[i];
