@@ -12,20 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                               torch::Tensor slots, torch::Tensor lens, int64_t window,
-                               double scale);
-torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                               torch::Tensor slots, torch::Tensor ctx_start, torch::Tensor q_start,
-                               torch::Tensor new_len, torch::Tensor prefix, int64_t window,
-                               double scale);
-torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
-                   c10::optional<torch::Tensor> bias);
-torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
-                        c10::optional<torch::Tensor> bias);
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor silu_mul(torch::Tensor gate_up);
-torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+#include "kernels.h"
 
 namespace {
 
