@@ -177,13 +177,7 @@ inline void attend_t(const Geometry& g, const BF16* k, const BF16* v, const int6
     w.l[r] = 0.f;
   }
   for (int64_t d = 0; d < g.D; ++d) std::fill(w.ot[d], w.ot[d] + rt_n * 16, 0.f);
-  // qt[word][row]: word i of row r's query (+0 past D, and for the padding rows).
-  for (int64_t i = 0; i < dp / 2; ++i)
-    for (int64_t r = 0; r < rt_n * 16; ++r) {
-      uint32_t word = 0;
-      if (r < R) std::memcpy(&word, &w.qr[r][2 * i], 4);
-      w.qt[i][r] = word;
-    }
+  w.queries_t(rt_n * 16, dp);
   const int64_t first = w.pos[0], last = w.pos[R - 1];
   const int64_t lo = g.window > 0 ? std::max<int64_t>(0, first - g.window + 1) : 0;
   // A block's V^T is packed while the block before it is still in flight (between its softmax
@@ -226,13 +220,7 @@ inline void attend(const Geometry& g, const BF16* k, const BF16* v, const int64_
     w.l[r] = 0.f;
     std::fill(w.o[r], w.o[r] + g.D, 0.f);
   }
-  // qt[word][row]: word i of row r's query (+0 past D and for rows past R, up to the row tile).
-  for (int64_t i = 0; i < dp / 2; ++i)
-    for (int64_t r = 0; r < 16; ++r) {
-      uint32_t word = 0;
-      if (r < R) std::memcpy(&word, &w.qr[r][2 * i], 4);
-      w.qt[i][r] = word;
-    }
+  w.queries_t(16, dp);
   alignas(64) int32_t step[16];
   for (int i = 0; i < 16; ++i) step[i] = i * static_cast<int32_t>(kRows);
   const __m512i gather = _mm512_load_si512(step);

@@ -60,6 +60,17 @@ struct Scratch {
   int64_t pos[kRows];  // each row's position (non-decreasing)
   int64_t rows = 0;    // live rows of the current item
 
+  // qt[word][row] for rows [0, cols): word i of row r's query (+0 past D, and for rows past the
+  // live ones, up to whole row tiles); dp: the head dim padded to the step of 32.
+  void queries_t(int64_t cols, int64_t dp) {
+    for (int64_t i = 0; i < dp / 2; ++i)
+      for (int64_t r = 0; r < cols; ++r) {
+        uint32_t word = 0;
+        if (r < rows) std::memcpy(&word, &qr[r][2 * i], 4);
+        qt[i][r] = word;
+      }
+  }
+
   // Row r's query: D values from src, then +0 up to the step of 32.
   void set_query(int64_t r, const BF16* src, int64_t D) {
     std::memcpy(qr[r], src, D * 2);
