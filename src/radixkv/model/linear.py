@@ -121,6 +121,11 @@ class PackedLinear:
         self.silu, self.out_features = True, half
 
     @property
+    def product_outputs(self) -> int:
+        """The GEMM's output count: out_features, or both halves when SiLU is fused in."""
+        return self._n
+
+    @property
     def invariant(self) -> bool:
         return self.kernel is not None
 

@@ -90,7 +90,7 @@ class NativeStack:
                 None if attn.q_norm is None else attn.q_norm.detach(),
                 None if attn.k_norm is None else attn.k_norm.detach(),
                 [p.weight for p in projections],
-                [p._n for p in projections],
+                [p.product_outputs for p in projections],
                 [p.bias_f32 for p in projections],
                 mlp.gate_up.silu,
                 layer.window or 0,
@@ -98,15 +98,16 @@ class NativeStack:
         return cls(impl)
 
     def serves(self, x: torch.Tensor, cos: torch.Tensor, ctx: ForwardContext) -> bool:
+        """Whether this forward fits (the backend was checked once, in `of`): its multi-token
+        requests packed for the extend kernel, cos/sin and the pool in x's dtype on the CPU, one
+        pool layer per decoder layer."""
         pool, meta = ctx.pool, ctx.meta
         return (
-            ctx.backend is not None
-            and isinstance(ctx.backend, TorchAttention)
-            and ctx.backend.decode_kernel is not None
-            and (not meta.extends or meta.packed is not None)
+            (not meta.extends or meta.packed is not None)
             and cos.dtype == x.dtype
+            and pool.config.dtype == x.dtype
+            and torch.device(pool.config.device).type == "cpu"
             and len(pool.k) == self.impl.num_layers()
-            and all(k.dtype == x.dtype and k.device.type == "cpu" for k in pool.k)
         )
 
     def __call__(
