@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from radixkv.memory import hugepages
+
 
 @dataclass(frozen=True)
 class KVPoolConfig:
@@ -45,13 +47,12 @@ class KVPool:
     def __init__(self, config: KVPoolConfig) -> None:
         self.config = config
         shape = (config.num_slots, config.num_kv_heads, config.head_dim)
+        # On huge pages (hugepages.py): a decode step reads rows scattered over all of it.
         self.k = [
-            torch.zeros(shape, dtype=config.dtype, device=config.device)
-            for _ in range(config.num_layers)
+            hugepages.zeros(shape, config.dtype, config.device) for _ in range(config.num_layers)
         ]
         self.v = [
-            torch.zeros(shape, dtype=config.dtype, device=config.device)
-            for _ in range(config.num_layers)
+            hugepages.zeros(shape, config.dtype, config.device) for _ in range(config.num_layers)
         ]
 
     @property

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from radixkv.memory import hugepages
+
 # Weak references: a model that is dropped frees its weights; its handles then dangle (and are
 # never reissued).
 _REGISTRY: list[weakref.ref[PackedLinear]] = []
@@ -102,6 +104,7 @@ class PackedLinear:
             self.bias_f32 = None if bias is None else bias.float().contiguous()
             if silu and _fuses_silu(self.kernel, w):
                 self._interleave_gate_up()
+            self.weight = hugepages.copy_of(self.weight)  # streamed every step: fewer TLB misses
         else:
             self.packed = can_pack(w)
             self.weight = (

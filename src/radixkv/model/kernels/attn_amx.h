@@ -27,6 +27,14 @@
 #if defined(RADIXKV_AMX)
 namespace radixkv_attn_amx {
 
+// Starts the loads of the K and V rows of keys [kb0, kb0 + nk) of KV head h (prefetch_rows).
+inline void prefetch_block(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl,
+                           int64_t kb0, int64_t nk, int64_t h) {
+  const int64_t bytes = g.D * static_cast<int64_t>(sizeof(BF16));
+  radixkv_simd::prefetch_rows(k, sl + kb0, nk, g.k_row, h * g.k_head, bytes);
+  radixkv_simd::prefetch_rows(v, sl + kb0, nk, g.v_row, h * g.v_head, bytes);
+}
+
 // -- row form ------------------------------------------------------------------------------------
 
 // Lanes of keys [first, first + 16) that lie in [lo, hi].
@@ -187,6 +195,7 @@ inline void attend_t(const Geometry& g, const BF16* k, const BF16* v, const int6
   load_values_t(g, v, sl, kb_first, keys_in(kb_first), h, 0, w);
   for (int64_t kb0 = kb_first, buf = 0; kb0 <= last; kb0 += kKeys, buf ^= 1) {
     const int64_t nk = keys_in(kb0), kt_n = (nk + 15) / 16;
+    if (kb0 + kKeys <= last) prefetch_block(g, k, v, sl, kb0 + kKeys, keys_in(kb0 + kKeys), h);
     scores_t(rt_n, kt_n, dp, block_keys(g, k, sl, kb0, nk, h, w), w);
     // Every row sees the whole block unless it reaches past a row's position or the window.
     const bool full = nk == kKeys && kb0 + nk - 1 <= first &&
@@ -228,6 +237,8 @@ inline void attend(const Geometry& g, const BF16* k, const BF16* v, const int64_
   const int64_t lo = g.window > 0 ? std::max<int64_t>(0, first - g.window + 1) : 0;
   for (int64_t kb0 = lo / kKeys * kKeys; kb0 <= last; kb0 += kKeys) {
     const int64_t nk = std::min<int64_t>(kKeys, last + 1 - kb0), kt_n = (nk + 15) / 16;
+    if (kb0 + kKeys <= last)  // the next block's rows load while this one computes
+      prefetch_block(g, k, v, sl, kb0 + kKeys, std::min<int64_t>(kKeys, last + 1 - kb0 - nk), h);
     load_values(g, v, sl, kb0, nk, h, w);
     scores_t(1, kt_n, dp, block_keys(g, k, sl, kb0, nk, h, w), w);
     for (int64_t r = 0; r < R; ++r)
