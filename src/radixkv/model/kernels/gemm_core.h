@@ -174,25 +174,34 @@ void run(const Blocking& bl, const T* x, int64_t m_rows, int64_t kw_total,
   const int64_t ldw = kw_total * kBlock;
   const int64_t k_total = kw_total * Ops::kPerWord;
   const int64_t ldc = nt * kBlock;
+  // float32 outputs whose rows hold whole blocks: the chains run in `out` itself (the partial
+  // sums wait there between K blocks, as they would in cbuf; the same values), which saves a copy
+  // of every output through cbuf; the bias, if any, is added in place at the end.
+  constexpr bool kF32Out = std::is_same_v<T, float>;
+  const bool direct = kF32Out && n % kBlock == 0;
   pfor(0, panels, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> xbuf;
-    std::vector<float> cbuf(std::min(bl.mc, m_rows) * ldc);
+    std::vector<float> cbuf(direct ? 0 : std::min(bl.mc, m_rows) * ldc);
     for (int64_t r0 = 0; r0 < m_rows; r0 += bl.mc) {
       const int64_t rb = std::min(bl.mc, m_rows - r0);
       const float* xf = f32_rows(x, r0, rb, k_total, xbuf);
       for (int64_t p = begin; p < end; ++p) {
         const int64_t b0 = p * nt, nb = std::min(nt, nblocks - b0);
+        float* c = cbuf.data();
+        int64_t c_ld = ldc;
+        if constexpr (kF32Out) {
+          if (direct) c = out + r0 * n + b0 * kBlock, c_ld = n;
+        }
         for (int64_t k0 = 0; k0 < kw_total; k0 += kc) {
           const int64_t kw = std::min(kc, kw_total - k0);
           for (int64_t m0 = 0; m0 < rb; m0 += bl.mt) {
             const int64_t mt = std::min<int64_t>(bl.mt, rb - m0);
             TileArgs<Ops> a{xf + m0 * k_total + k0 * Ops::kPerWord, k_total,
-                            w + b0 * ldw + k0 * kBlock, ldw, cbuf.data() + m0 * ldc, ldc, kw,
-                            k0 == 0};
+                            w + b0 * ldw + k0 * kBlock, ldw, c + m0 * c_ld, c_ld, kw, k0 == 0};
             pick<Ops>(mt, nb)(a);
           }
         }
-        finish<T>(cbuf.data(), ldc, rb, b0 * kBlock, nb, n, bias, out + r0 * n, n);
+        if (!direct || bias) finish<T>(c, c_ld, rb, b0 * kBlock, nb, n, bias, out + r0 * n, n);
       }
     }
   });
