@@ -44,6 +44,8 @@ struct Item {
 // scores S^T, the output O^T and each row's position.
 struct Scratch {
   std::vector<float> qt, kb, vb, st, ot, pos;
+  const float* krow[kKeys];  // the block's f32 K / V rows: in the pool (float32), else in kb / vb
+  const float* vrow[kKeys];
   std::vector<uint32_t> qt2, kb2, vb2, pt2;
   explicit Scratch(int64_t D)
       : qt(D * kRows), kb(kKeys * D), vb(kKeys * D), st(kKeys * kRows), ot(D * kRows),

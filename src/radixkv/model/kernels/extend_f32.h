@@ -3,6 +3,8 @@
 // single K / V elements against 16 rows (4 keys or 4 dims x RV row vectors in registers).
 #pragma once
 
+#include <type_traits>
+
 #include "extend_common.h"
 
 #if defined(__AVX512F__)
@@ -21,19 +23,27 @@ struct F32Products {
     }
   }
 
-  // Keys [kb0, kb0 + nk) of the context `sl`, KV head h, as contiguous f32 rows.
+  // Keys [kb0, kb0 + nk) of the context `sl`, KV head h, as f32 rows w.krow / w.vrow: a float32
+  // pool's rows are read where they are; other dtypes are widened into kb / vb first.
   template <typename T>
   static void load_keys(const Problem& P, const T* k, const T* v, const int64_t* sl, int64_t kb0,
                         int64_t nk, int64_t h, Scratch& w) {
     const int64_t D = P.D;
-    float* kb = w.kb.data();
-    float* vb = w.vb.data();
     for (int64_t c = 0; c < nk; ++c) {
       const T* kr = k + sl[kb0 + c] * P.k_row + h * P.k_head;
       const T* vr = v + sl[kb0 + c] * P.v_row + h * P.v_head;
-      for (int64_t d = 0; d < D; d += 16) {
-        _mm512_storeu_ps(kb + c * D + d, load16(kr + d));
-        _mm512_storeu_ps(vb + c * D + d, load16(vr + d));
+      if constexpr (std::is_same_v<T, float>) {
+        w.krow[c] = kr;
+        w.vrow[c] = vr;
+      } else {
+        float* kb = w.kb.data() + c * D;
+        float* vb = w.vb.data() + c * D;
+        for (int64_t d = 0; d < D; d += 16) {
+          _mm512_storeu_ps(kb + d, load16(kr + d));
+          _mm512_storeu_ps(vb + d, load16(vr + d));
+        }
+        w.krow[c] = kb;
+        w.vrow[c] = vb;
       }
     }
   }
@@ -43,7 +53,6 @@ struct F32Products {
   static void scores(const Problem& P, int64_t nk, Scratch& w) {
     const int64_t D = P.D;
     const float* qt = w.qt.data();
-    const float* kb = w.kb.data();
     float* st = w.st.data();
     int64_t c = 0;
     for (; c + 4 <= nk; c += 4) {
@@ -57,7 +66,7 @@ struct F32Products {
           keep(q[v]);
         }
         for (int i = 0; i < 4; ++i) {
-          const __m512 kv = _mm512_set1_ps(kb[(c + i) * D + d]);
+          const __m512 kv = _mm512_set1_ps(w.krow[c + i][d]);
           for (int v = 0; v < RV; ++v) acc[i][v] = _mm512_fmadd_ps(kv, q[v], acc[i][v]);
         }
       }
@@ -68,7 +77,7 @@ struct F32Products {
       __m512 acc[RV];
       for (int v = 0; v < RV; ++v) acc[v] = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; ++d) {
-        const __m512 kv = _mm512_set1_ps(kb[c * D + d]);
+        const __m512 kv = _mm512_set1_ps(w.krow[c][d]);
         for (int v = 0; v < RV; ++v)
           acc[v] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qt + d * kRows + v * 16), acc[v]);
       }
@@ -81,7 +90,6 @@ struct F32Products {
   static void accumulate(const Problem& P, int64_t nk, const __m512* alpha, Scratch& w) {
     const int64_t D = P.D;
     const float* pt = w.st.data();
-    const float* vb = w.vb.data();
     float* ot = w.ot.data();
     for (int64_t d = 0; d < D; d += 4) {
       __m512 acc[4][RV];
@@ -95,7 +103,7 @@ struct F32Products {
           keep(p[v]);
         }
         for (int i = 0; i < 4; ++i) {
-          const __m512 vv = _mm512_set1_ps(vb[c * D + d + i]);
+          const __m512 vv = _mm512_set1_ps(w.vrow[c][d + i]);
           for (int v = 0; v < RV; ++v) acc[i][v] = _mm512_fmadd_ps(vv, p[v], acc[i][v]);
         }
       }
