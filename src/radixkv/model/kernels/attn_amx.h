@@ -27,12 +27,11 @@
 #if defined(RADIXKV_AMX)
 namespace radixkv_attn_amx {
 
-// Starts the loads of the K and V rows of keys [kb0, kb0 + nk) of KV head h (prefetch_rows).
+// Starts the loads of the K and V rows of keys [kb0, kb0 + nk) of KV head h.
 inline void prefetch_block(const Geometry& g, const BF16* k, const BF16* v, const int64_t* sl,
                            int64_t kb0, int64_t nk, int64_t h) {
-  const int64_t bytes = g.D * static_cast<int64_t>(sizeof(BF16));
-  radixkv_simd::prefetch_rows(k, sl + kb0, nk, g.k_row, h * g.k_head, bytes);
-  radixkv_simd::prefetch_rows(v, sl + kb0, nk, g.v_row, h * g.v_head, bytes);
+  radixkv_simd::prefetch_kv(k, v, sl + kb0, nk, g.k_row, h * g.k_head, g.v_row, h * g.v_head,
+                            g.D * static_cast<int64_t>(sizeof(BF16)));
 }
 
 // -- row form ------------------------------------------------------------------------------------

@@ -270,15 +270,6 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
 }
 #endif
 
-// Starts the loads of the K and V rows of keys [kb0, kb0 + nk) of KV head h (prefetch_rows).
-template <typename T>
-inline void prefetch_block(const Problem& P, const T* k, const T* v, const int64_t* sl, int64_t kb0,
-                           int64_t nk, int64_t h) {
-  const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
-  prefetch_rows(k, sl + kb0, nk, P.k_row, h * P.k_head, bytes);
-  prefetch_rows(v, sl + kb0, nk, P.v_row, h * P.v_head, bytes);
-}
-
 // Heads [g0, g0 + gn) of KV head h attend in GT-sized groups (a runtime count dispatched to the
 // templates above).
 #define RKV_BY_GT(GTMAX, call)                                   \
@@ -312,7 +303,8 @@ void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, i
   for (int64_t kb0 = lo / kBlockKeys * kBlockKeys; kb0 <= p; kb0 += kBlockKeys) {
     const int64_t nk = std::min<int64_t>(kBlockKeys, p + 1 - kb0);
     if (kb0 + kBlockKeys <= p)  // the next block's rows load while this one computes
-      prefetch_block(P, k, v, sl, kb0 + kBlockKeys, std::min(kBlockKeys, p + 1 - kb0 - nk), h);
+      prefetch_kv(k, v, sl + kb0 + kBlockKeys, std::min(kBlockKeys, p + 1 - kb0 - nk), P.k_row,
+                  h * P.k_head, P.v_row, h * P.v_head, D * static_cast<int64_t>(sizeof(T)));
     load_block_keys<T, Words>(P, k, sl, kb0, nk, h, w);
     RKV_BY_GT(4, (block_scores<Words, GT>(P, gs, kb0, nk, lo, w)))
     for (int64_t g = g0; g < g0 + gn; ++g) alpha[g] = block_softmax(g, w);

@@ -57,11 +57,9 @@ void run_item(const Problem& P, const T* q, const T* k, const T* v, T* out, cons
   __m512 alpha[RV];
   for (int64_t kb0 = lo; kb0 <= p1; kb0 += kKeys) {
     const int64_t nk = std::min(kKeys, p1 + 1 - kb0);
-    if (kb0 + kKeys <= p1) {  // the next block's rows load while this one computes
-      const int64_t next = std::min(kKeys, p1 + 1 - kb0 - kKeys), bytes = D * sizeof(T);
-      prefetch_rows(k, sl + kb0 + kKeys, next, P.k_row, it.h * P.k_head, bytes);
-      prefetch_rows(v, sl + kb0 + kKeys, next, P.v_row, it.h * P.v_head, bytes);
-    }
+    if (kb0 + kKeys <= p1)  // the next block's rows load while this one computes
+      prefetch_kv(k, v, sl + kb0 + kKeys, std::min(kKeys, p1 + 1 - kb0 - kKeys), P.k_row,
+                  it.h * P.k_head, P.v_row, it.h * P.v_head, D * static_cast<int64_t>(sizeof(T)));
     Products::load_keys(P, k, v, sl, kb0, nk, it.h, w);
     Products::template scores<RV>(P, nk, w);
     // Every row sees the whole block unless it reaches the diagonal or the window's edge.

@@ -13,15 +13,20 @@ inline float to_f(float x) { return x; }
 inline float to_f(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_f(c10::Half x) { return static_cast<float>(x); }
 
-// Prefetch into L2 the `bytes` at base + sl[c] * row (+ off) for keys c in [0, n): a context's
-// K/V rows are scattered over the pool, so the hardware prefetcher cannot follow them. Called a
-// block ahead, it keeps more of the next block's misses in flight while this block computes.
+// Prefetch into L2 the K and V rows (`bytes` each, at k + sl[c] * k_row + k_off and likewise in
+// v) of keys c in [0, n): a context's rows are scattered over the pool, so the hardware
+// prefetcher cannot follow them. The attention kernels call it for the next 64-key block while
+// the current one computes, which keeps more of its misses in flight.
 template <typename T>
-inline void prefetch_rows(const T* base, const int64_t* sl, int64_t n, int64_t row, int64_t off,
-                          int64_t bytes) {
+inline void prefetch_kv(const T* k, const T* v, const int64_t* sl, int64_t n, int64_t k_row,
+                        int64_t k_off, int64_t v_row, int64_t v_off, int64_t bytes) {
   for (int64_t c = 0; c < n; ++c) {
-    const char* p = reinterpret_cast<const char*>(base + sl[c] * row + off);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+    const char* kp = reinterpret_cast<const char*>(k + sl[c] * k_row + k_off);
+    const char* vp = reinterpret_cast<const char*>(v + sl[c] * v_row + v_off);
+    for (int64_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(kp + b, 0, 2);
+      __builtin_prefetch(vp + b, 0, 2);
+    }
   }
 }
 
