@@ -96,19 +96,21 @@ def test_cpp_decode_kernel_matches_naive(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 128, 256])
-@pytest.mark.parametrize(("r", "grp"), [(5, 3), (1, 3), (5, 1), (4, 8)])
+@pytest.mark.parametrize("head_dim", [16, 32, 40, 48, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize(("r", "grp"), [(5, 3), (1, 3), (5, 1), (4, 8), (4, 3), (6, 2)])
 def test_cpp_decode_kernel_wide_heads(dtype: torch.dtype, head_dim: int, r: int, grp: int) -> None:
     """head_dim a multiple of 16 takes the vector path (keys in blocks of 64, 16 keys' rows
-    transposed per group, values accumulated over groups of query heads; bf16 as VDPBF16PS
-    pairs where the CPU has them), 40 the scalar loop. K/V are one layer's rows of a larger pool
+    transposed per group, values accumulated over groups of query heads, in passes over the head
+    dim when it is not 16 x a power of two (48, 80, 96); bf16 as VDPBF16PS pairs where the CPU
+    has them), 40 the scalar loop. 4 and 6 requests whose KV heads' query heads fit one item
+    take whole-request items on an even thread count. K/V are one layer's rows of a larger pool
     tensor, so rows are strided as in the engine's pool; context lengths cover partial blocks."""
     kernel = _cpp_kernel()
     g = torch.Generator().manual_seed(head_dim + r + grp)
     kv, n = 3, 200
     pool = torch.randn(2, n, kv, head_dim, generator=g).to(dtype)
     k, v = pool[0], pool[1]
-    lens = torch.tensor([100, 17, 64, 1, 33][:r])
+    lens = torch.tensor([100, 17, 64, 1, 33, 99][:r])
     slots = torch.stack([torch.randperm(n, generator=g)[:100] for _ in range(r)])
     q = torch.randn(r, kv * grp, head_dim, generator=g).to(dtype)
     got = kernel(q, k, v, slots, lens, 0, head_dim**-0.5).float()

@@ -96,7 +96,7 @@ inline void load_values_t(const Geometry& g, const BF16* v, const int64_t* sl, i
     for (int64_t d0 = 0; d0 < g.D; d0 += 16) {
       __m512 rows[16];
       for (int i = 0; i < 16; ++i) rows[i] = _mm512_castsi512_ps(_mm512_load_si512(&w.vb[p0 + i][d0]));
-      radixkv_decode::transpose16(rows);
+      transpose16(rows);
       for (int t = 0; t < 16; ++t)
         _mm512_store_si512(&w.vt[buf][d0 + t][p0], _mm512_castps_si512(rows[t]));
     }
@@ -209,7 +209,7 @@ inline void attend_t(const Geometry& g, const BF16* k, const BF16* v, const int6
     for (int64_t d0 = 0; d0 < g.D; d0 += 16) {
       __m512 rows[16];
       for (int i = 0; i < 16; ++i) rows[i] = _mm512_load_ps(&w.ot[d0 + i][rt * 16]);
-      radixkv_decode::transpose16(rows);
+      transpose16(rows);
       for (int t = 0; t < 16; ++t) _mm512_store_ps(&w.o[rt * 16 + t][d0], rows[t]);
     }
 }

@@ -28,6 +28,7 @@ using radixkv_decode::kNegInf;
 using radixkv_simd::interleave_idx;
 using radixkv_simd::exp_neg;
 using radixkv_simd::lanes;
+using radixkv_simd::transpose16;
 
 constexpr int64_t kKeys = kBlockKeys;  // 64: two value steps of 32 keys
 constexpr int64_t kRows = 64;          // rows per item at most (four row tiles)

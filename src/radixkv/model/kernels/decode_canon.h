@@ -44,33 +44,6 @@ struct Problem {
   const int64_t* lens;   // [R] context length (the query sits at lens - 1)
 };
 
-// In-register transpose of 16 rows of 16 32-bit words: out[c] = (r[0][c], ..., r[15][c]).
-inline void transpose16(__m512* r) {
-  __m512 a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
-    const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
-    b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512 c0 = _mm512_shuffle_f32x4(b[j], b[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 c1 = _mm512_shuffle_f32x4(b[j], b[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 c2 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 c3 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], _MM_SHUFFLE(3, 1, 3, 1));
-    r[j] = _mm512_shuffle_f32x4(c0, c2, _MM_SHUFFLE(2, 0, 2, 0));
-    r[4 + j] = _mm512_shuffle_f32x4(c1, c3, _MM_SHUFFLE(2, 0, 2, 0));
-    r[8 + j] = _mm512_shuffle_f32x4(c0, c2, _MM_SHUFFLE(3, 1, 3, 1));
-    r[12 + j] = _mm512_shuffle_f32x4(c1, c3, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
 // One thread's buffers: the query words, the block's scores / weights per head, o per head, and
 // 16 keys' rows transposed (words along the head dim, keys in lanes).
 struct Scratch {
@@ -211,13 +184,13 @@ inline float block_softmax(int64_t g, Scratch& w) { return row_softmax(w.sc[g], 
 // Phase D (float32 values): o = o * alpha + sum_c e_c V_c for GT heads from g0, ND x 16 dims.
 template <typename T, int ND, int GT>
 void block_values_f32(const Problem& P, const T* v, const int64_t* sl, int64_t kb0, int64_t nk,
-                      int64_t h, int64_t g0, const float* alpha, Scratch& w) {
+                      int64_t h, int64_t g0, const float* alpha, int64_t d0, Scratch& w) {
   __m512 o[GT][ND];
   for (int g = 0; g < GT; ++g)
     for (int i = 0; i < ND; ++i)
-      o[g][i] = _mm512_mul_ps(_mm512_load_ps(&w.o[g0 + g][i * 16]), _mm512_set1_ps(alpha[g]));
+      o[g][i] = _mm512_mul_ps(_mm512_load_ps(&w.o[g0 + g][d0 + i * 16]), _mm512_set1_ps(alpha[g]));
   for (int64_t c = 0; c < nk; ++c) {
-    const T* vr = v + sl[kb0 + c] * P.v_row + h * P.v_head;
+    const T* vr = v + sl[kb0 + c] * P.v_row + h * P.v_head + d0;
     __m512 vv[ND];
     for (int i = 0; i < ND; ++i) vv[i] = load16(vr + i * 16);
     for (int g = 0; g < GT; ++g) {
@@ -226,7 +199,7 @@ void block_values_f32(const Problem& P, const T* v, const int64_t* sl, int64_t k
     }
   }
   for (int g = 0; g < GT; ++g)
-    for (int i = 0; i < ND; ++i) _mm512_store_ps(&w.o[g0 + g][i * 16], o[g][i]);
+    for (int i = 0; i < ND; ++i) _mm512_store_ps(&w.o[g0 + g][d0 + i * 16], o[g][i]);
 }
 
 #if defined(__AVX512BF16__)
@@ -234,7 +207,8 @@ void block_values_f32(const Problem& P, const T* v, const int64_t* sl, int64_t k
 // pair against the two V rows interleaved, for GT heads from g0.
 template <int ND, int GT>
 void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* sl, int64_t kb0,
-                       int64_t nk, int64_t h, int64_t g0, const float* alpha, Scratch& w) {
+                       int64_t nk, int64_t h, int64_t g0, const float* alpha, int64_t d0,
+                       Scratch& w) {
   for (int g = 0; g < GT; ++g)
     for (int j = 0; j < 4; j += 2) {
       const __m512i pairs = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(&w.sc[g0 + g][j * 16 + 16]),
@@ -247,11 +221,11 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
   __m512 o[GT][ND];
   for (int g = 0; g < GT; ++g)
     for (int i = 0; i < ND; ++i)
-      o[g][i] = _mm512_mul_ps(_mm512_load_ps(&w.o[g0 + g][i * 16]), _mm512_set1_ps(alpha[g]));
+      o[g][i] = _mm512_mul_ps(_mm512_load_ps(&w.o[g0 + g][d0 + i * 16]), _mm512_set1_ps(alpha[g]));
   for (int64_t cp = 0; 2 * cp < nk; ++cp) {
-    const c10::BFloat16* a = v + sl[kb0 + 2 * cp] * P.v_row + h * P.v_head;
+    const c10::BFloat16* a = v + sl[kb0 + 2 * cp] * P.v_row + h * P.v_head + d0;
     const c10::BFloat16* b =
-        2 * cp + 1 < nk ? v + sl[kb0 + 2 * cp + 1] * P.v_row + h * P.v_head : nullptr;
+        2 * cp + 1 < nk ? v + sl[kb0 + 2 * cp + 1] * P.v_row + h * P.v_head + d0 : nullptr;
     __m512 vp[ND];
     for (int i = 0; i < ND; ++i) {
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * 16));
@@ -266,7 +240,7 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
     }
   }
   for (int g = 0; g < GT; ++g)
-    for (int i = 0; i < ND; ++i) _mm512_store_ps(&w.o[g0 + g][i * 16], o[g][i]);
+    for (int i = 0; i < ND; ++i) _mm512_store_ps(&w.o[g0 + g][d0 + i * 16], o[g][i]);
 }
 #endif
 
@@ -281,45 +255,56 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
     else { constexpr int GT = 1; call; }                        \
   }
 
-// One (request r, KV head h, query heads [head0, head0 + gn)) work item, gn <= kMaxG. The
-// scratch holds the item's heads at [0, gn) (with G > kMaxG, head0 is past the scratch).
+// One work item: request r, KV heads [h0, h0 + nh), query heads [head0, head0 + gn) of each
+// (nh * gn <= kMaxG; nh > 1 only with every query head, head0 == 0). The scratch holds KV head
+// h0 + i's query heads at rows [i * gn, (i + 1) * gn). Several KV heads per item read each key's
+// whole row (all heads, contiguous in the pool) in one pass over the context; every head's
+// arithmetic is the single-head item's, in the same order.
 template <typename T, typename Words, int ND>
 void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, int64_t r,
-                 int64_t h, int64_t head0, int64_t gn, Scratch& w) {
+                 int64_t h0, int64_t nh, int64_t head0, int64_t gn, Scratch& w) {
   constexpr int GV = ND >= 16 ? 1 : (ND >= 8 ? 2 : 4);  // GV x ND value accumulators <= 16
-  constexpr int64_t g0 = 0;
-  q += head0 * P.D;
-  out += head0 * P.D;
-  const int64_t p = P.lens[r] - 1, D = P.D;
+  const int64_t p = P.lens[r] - 1, D = P.D, rows = nh * gn;
   const int64_t* sl = P.slots + r * P.width;
   const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p - P.window + 1) : 0;
-  for (int64_t g = g0; g < g0 + gn; ++g) {
-    Words::load_q(P, q + (r * P.H + h * P.G + g) * D, w.qw[g]);
-    w.m[g] = kNegInf;
-    w.l[g] = 0.f;
-    std::fill(w.o[g], w.o[g] + D, 0.f);
+  // Query head of scratch row j.
+  auto head_of = [&](int64_t j) { return (h0 + j / gn) * P.G + head0 + j % gn; };
+  for (int64_t j = 0; j < rows; ++j) {
+    Words::load_q(P, q + (r * P.H + head_of(j)) * D, w.qw[j]);
+    w.m[j] = kNegInf;
+    w.l[j] = 0.f;
+    std::fill(w.o[j], w.o[j] + D, 0.f);
   }
   float alpha[kMaxG];
   for (int64_t kb0 = lo / kBlockKeys * kBlockKeys; kb0 <= p; kb0 += kBlockKeys) {
     const int64_t nk = std::min<int64_t>(kBlockKeys, p + 1 - kb0);
     if (kb0 + kBlockKeys <= p)  // the next block's rows load while this one computes
-      prefetch_kv(k, v, sl + kb0 + kBlockKeys, std::min(kBlockKeys, p + 1 - kb0 - nk), P.k_row,
-                  h * P.k_head, P.v_row, h * P.v_head, D * static_cast<int64_t>(sizeof(T)));
-    load_block_keys<T, Words>(P, k, sl, kb0, nk, h, w);
-    RKV_BY_GT(4, (block_scores<Words, GT>(P, gs, kb0, nk, lo, w)))
-    for (int64_t g = g0; g < g0 + gn; ++g) alpha[g] = block_softmax(g, w);
+      for (int64_t h = h0; h < h0 + nh; ++h)
+        prefetch_kv(k, v, sl + kb0 + kBlockKeys, std::min(kBlockKeys, p + 1 - kb0 - nk),
+                    P.k_row, h * P.k_head, P.v_row, h * P.v_head,
+                    D * static_cast<int64_t>(sizeof(T)));
+    for (int64_t i = 0; i < nh; ++i) {
+      const int64_t h = h0 + i, g0 = i * gn;
+      load_block_keys<T, Words>(P, k, sl, kb0, nk, h, w);
+      RKV_BY_GT(4, (block_scores<Words, GT>(P, gs, kb0, nk, lo, w)))
+      for (int64_t g = g0; g < g0 + gn; ++g) alpha[g] = block_softmax(g, w);
+      // The head dim in passes of ND x 16 (each o element is its own chain over the keys, so
+      // the passes change no bits); one pass for D = ND x 16.
+      for (int64_t d0 = 0; d0 < D; d0 += ND * 16) {
 #if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<Words, BF16Words>) {
-      RKV_BY_GT(GV, (block_values_bf16<ND, GT>(P, v, sl, kb0, nk, h, gs, alpha + gs, w)))
-      continue;
-    }
+        if constexpr (std::is_same_v<Words, BF16Words>) {
+          RKV_BY_GT(GV, (block_values_bf16<ND, GT>(P, v, sl, kb0, nk, h, gs, alpha + gs, d0, w)))
+          continue;
+        }
 #endif
-    RKV_BY_GT(GV, (block_values_f32<T, ND, GT>(P, v, sl, kb0, nk, h, gs, alpha + gs, w)))
+        RKV_BY_GT(GV, (block_values_f32<T, ND, GT>(P, v, sl, kb0, nk, h, gs, alpha + gs, d0, w)))
+      }
+    }
   }
-  for (int64_t g = g0; g < g0 + gn; ++g) {
-    T* dst = out + (r * P.H + h * P.G + g) * D;
-    const float inv = 1.f / w.l[g];
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(w.o[g][d] * inv);
+  for (int64_t j = 0; j < rows; ++j) {
+    T* dst = out + (r * P.H + head_of(j)) * D;
+    const float inv = 1.f / w.l[j];
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(w.o[j][d] * inv);
   }
 }
 #undef RKV_BY_GT

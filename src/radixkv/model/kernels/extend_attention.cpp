@@ -23,6 +23,7 @@
 #include <atomic>
 #include <memory>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attn_amx.h"
@@ -34,6 +35,33 @@
 namespace {
 
 using namespace radixkv_extend;
+
+// out's rows of the item: O^T[d][row] * (1 / l[row]), rounded to T, 16 rows x 16 dims at a
+// time through an in-register transpose.
+template <typename T>
+void store_rows(const Problem& P, const Item& it, int64_t rows, const float* l, const float* ot,
+                T* out) {
+  const int64_t G = P.G, D = P.D;
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_loadu_ps(l + r0));
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 x[16];
+      for (int t = 0; t < 16; ++t) x[t] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d0 + t) * kRows + r0), inv);
+      transpose16(x);  // x[i]: dims [d0, d0 + 16) of row r0 + i
+      for (int64_t i = 0; i < 16 && r0 + i < rows; ++i) {
+        const int64_t ri = r0 + i;
+        T* dst = out + (P.q_start[it.r] + it.t0 + ri / G) * P.o_row + (it.h * G + ri % G) * D + d0;
+        if constexpr (std::is_same_v<T, float>) {
+          _mm512_storeu_ps(dst, x[i]);
+        } else {
+          alignas(64) float f[16];
+          _mm512_store_ps(f, x[i]);
+          for (int j = 0; j < 16; ++j) dst[j] = static_cast<T>(f[j]);
+        }
+      }
+    }
+  }
+}
 
 template <typename T, int RV, typename Products>
 void run_item(const Problem& P, const T* q, const T* k, const T* v, T* out, const Item& it,
@@ -68,11 +96,7 @@ void run_item(const Problem& P, const T* q, const T* k, const T* v, T* out, cons
     softmax_block<RV>(w.st.data(), nk, m, l, alpha);
     Products::template accumulate<RV>(P, nk, alpha, w);
   }
-  for (int64_t ri = 0; ri < rows; ++ri) {
-    T* dst = out + (P.q_start[it.r] + it.t0 + ri / G) * P.o_row + (it.h * G + ri % G) * D;
-    const float inv = 1.f / l[ri];
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(ot[d * kRows + ri] * inv);
-  }
+  store_rows(P, it, rows, l, ot, out);
 }
 
 template <typename T, typename Products>

@@ -11,15 +11,32 @@
 namespace radixkv_extend {
 
 struct F32Products {
-  // Q^T [D][kRows] (times the softmax scale) of the item's rows.
+  // Q^T [D][kRows] (times the softmax scale) of the item's rows, 16 rows x 16 dims at a time
+  // through an in-register transpose (rows past `rows` are +0).
   template <typename T>
   static void load_q(const Problem& P, const T* q, const Item& it, int64_t rows, Scratch& w) {
     const int64_t G = P.G, D = P.D;
     float* qt = w.qt.data();
-    std::fill(qt, qt + D * kRows, 0.f);
-    for (int64_t ri = 0; ri < rows; ++ri) {
-      const T* src = q + (P.q_start[it.r] + it.t0 + ri / G) * P.q_row + (it.h * G + ri % G) * D;
-      for (int64_t d = 0; d < D; ++d) qt[d * kRows + ri] = to_f(src[d]) * P.scale;
+    const __m512 scale = _mm512_set1_ps(P.scale);
+    for (int64_t r0 = 0; r0 < kRows; r0 += 16) {
+      if (r0 >= rows) {
+        for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps(qt + d * kRows + r0, _mm512_setzero_ps());
+        continue;
+      }
+      const T* src[16];
+      for (int i = 0; i < 16; ++i) {
+        const int64_t ri = std::min<int64_t>(r0 + i, rows - 1);
+        src[i] = q + (P.q_start[it.r] + it.t0 + ri / G) * P.q_row + (it.h * G + ri % G) * D;
+      }
+      const __mmask16 live = lanes(rows - r0);
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        __m512 x[16];
+        for (int i = 0; i < 16; ++i) x[i] = load16(src[i] + d0);
+        transpose16(x);  // x[t]: dim d0 + t of the 16 rows
+        for (int t = 0; t < 16; ++t)
+          _mm512_storeu_ps(qt + (d0 + t) * kRows + r0,
+                           _mm512_maskz_mul_ps(live, x[t], scale));
+      }
     }
   }
 
