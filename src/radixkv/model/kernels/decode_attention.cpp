@@ -2,7 +2,8 @@
 // its context's K/V rows read in place from the pool (no gather copy). On AVX-512 with a head dim
 // that is a multiple of 16 (up to 256) it sums in the extend kernel's order (decode_canon.h), so a
 // decode step and a prefill chunk give the same bits for the same token; work items are (request,
-// KV head), longest context first, and the G query heads of a KV head share every K/V row loaded.
+// KV head), or whole requests where the batch splits evenly over the threads, longest context
+// first, and the G query heads of a KV head share every K/V row loaded.
 // Elsewhere a scalar two-pass loop serves (scores, softmax, weighted sum), without that promise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -238,24 +239,25 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     // Default-initialised (no 100 KB memset per call): every field is written before it is
     // read, and stale K words in unused lanes only reach masked scores.
     auto make = [] { return std::unique_ptr<Scratch>(new Scratch); };
-    // Whole-request items read 12% less time at 4 and 8 requests (contiguous rows), but with
+    // Whole-request items take 12% less time at 4 and 8 requests (contiguous rows), but with
     // fewer items than threads x 2, or a count the threads do not divide, they leave a thread
     // idle at the end: per-head items balance those.
     const int64_t threads = at::get_num_threads();
     const bool whole = KV * G <= kMaxG && R >= 2 * threads && R % threads == 0;
-    const int64_t nd = D / 16;
+    // The values phase's width in vectors: the widest power of two up to 16 dividing D / 16 (it
+    // runs D / (16 x width) passes).
+    int64_t width = 16;
+    while ((D / 16) % width != 0) width /= 2;
     for_each_item(R, KV, G, kMaxG, lp, whole, make,
                   [&](int64_t r, int64_t h, int64_t nh, int64_t g0, int64_t gn, Scratch& w) {
 #define RKV_ITEM(WORDS, ND) decode_item<T, WORDS, ND>(P, qp, kp, vp, op, r, h, nh, g0, gn, w)
-// ND: the widest of 16, 8, 4, 2, 1 vectors that divides the head dim's D / 16 (the values
-// phase runs D / (16 ND) passes of it).
-#define RKV_BY_ND(WORDS)                                          \
-  switch (nd % 16 == 0 ? 16 : nd % 8 == 0 ? 8 : nd % 4 == 0 ? 4 : nd % 2 == 0 ? 2 : 1) { \
-    case 16: RKV_ITEM(WORDS, 16); break;                          \
-    case 8: RKV_ITEM(WORDS, 8); break;                            \
-    case 4: RKV_ITEM(WORDS, 4); break;                            \
-    case 2: RKV_ITEM(WORDS, 2); break;                            \
-    default: RKV_ITEM(WORDS, 1); break;                           \
+#define RKV_BY_ND(WORDS)               \
+  switch (width) {                     \
+    case 16: RKV_ITEM(WORDS, 16); break; \
+    case 8: RKV_ITEM(WORDS, 8); break;   \
+    case 4: RKV_ITEM(WORDS, 4); break;   \
+    case 2: RKV_ITEM(WORDS, 2); break;   \
+    default: RKV_ITEM(WORDS, 1); break;  \
   }
 #if defined(__AVX512BF16__)
                     if constexpr (std::is_same_v<T, c10::BFloat16>) {
