@@ -37,7 +37,14 @@ def load(name, sources, extra_cflags, build_directory, verbose):
             baton.release()
     else:
         baton.wait()
-    return "module"
+    return Module()
+
+class Module:  # what cpu_kernels() asks of a built module: its bfloat16 paths (none here)
+    def bf16_gemm_paths(self):
+        return []
+
+    def __repr__(self):
+        return "module"
 
 ext.load = load
 print("loaded", kernels.cpu_kernels(), flush=True)

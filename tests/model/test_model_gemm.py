@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from gemm_paths import each_path
 
 from radixkv.model import linear
 from radixkv.model.linear import PackedLinear
@@ -31,11 +32,12 @@ def _tol(dtype: torch.dtype) -> dict[str, float]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 17, 97, 200])
-@pytest.mark.parametrize(("n", "k"), [(16, 64), (96, 576), (48, 10), (40, 300)])
+@pytest.mark.parametrize(("n", "k"), [(16, 64), (96, 576), (48, 10), (40, 300), (72, 1100)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemm_matches_linear(dtype: torch.dtype, m: int, n: int, k: int, with_bias: bool) -> None:
-    """Every row tiling (tiles of up to 8 rows, blocks of 96), K blocks (300 > 256), N not a
-    multiple of 16 (40: a padded block) and odd K in float32."""
+    """Every row tiling (tiles of up to 8 rows, blocks of 96 and 192), K blocks (300 > 256,
+    1,100 > 1,024), N not a multiple of 16 (40: a padded block) and odd K in float32, on every
+    path the CPU serves for the dtype."""
     mod = _kernels(dtype)
     if dtype == torch.bfloat16 and k % 2:
         pytest.skip("bf16 packs pairs along K")
@@ -43,10 +45,33 @@ def test_gemm_matches_linear(dtype: torch.dtype, m: int, n: int, k: int, with_bi
     x = torch.randn(m, k, generator=g).to(dtype)
     w = torch.randn(n, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g) if with_bias else None
-    got = mod.gemm(x, mod.gemm_pack(w), n, bias)
-    assert got.dtype == dtype and got.shape == (m, n)
+    packed = mod.gemm_pack(w)
     want = F.linear(x.float(), w.float(), bias)
-    torch.testing.assert_close(got.float(), want, **_tol(dtype))
+    for path in each_path(mod, dtype):
+        got = mod.gemm(x, packed, n, bias)
+        assert got.dtype == dtype and got.shape == (m, n), path
+        torch.testing.assert_close(got.float(), want, **_tol(dtype), msg=path)
+
+
+def test_bfloat16_paths_are_each_their_own_order() -> None:
+    """Every bfloat16 path the CPU serves is accurate, and the paths really differ: on 2,000
+    outputs of a K = 2,048 product two paths give other bits somewhere (each is one fixed order,
+    not one order for all), while each agrees with itself on a row taken alone."""
+    mod = _kernels(torch.bfloat16)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(20, 2048, generator=g).to(torch.bfloat16)
+    w = (torch.randn(100, 2048, generator=g) / 45).to(torch.bfloat16)
+    packed = mod.gemm_pack(w)
+    outs = {}
+    for path in each_path(mod, torch.bfloat16):
+        outs[path] = mod.gemm(x, packed, 100, None)
+        assert torch.equal(mod.gemm(x[7:8].contiguous(), packed, 100, None), outs[path][7:8])
+        want = F.linear(x.float(), w.float())
+        torch.testing.assert_close(outs[path].float(), want, rtol=2e-2, atol=2e-2)
+    names = sorted(outs)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not torch.equal(outs[a], outs[b]), (a, b)
 
 
 def test_gemm_rejects_bad_input() -> None:

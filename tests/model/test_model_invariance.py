@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from gemm_paths import each_path, gemm_module
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -130,22 +131,22 @@ def test_decode_rows_do_not_depend_on_their_batch(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (33, 18), (49, 1536), (70, 514)])
 def test_gemm_rows_do_not_depend_on_the_row_count(dtype: torch.dtype, n: int, k: int) -> None:
     """Every prefix and suffix of a 300-row product, and single rows, equal the whole
-    product's rows bit for bit (row tiles of 1-8, row blocks of 96, K blocks with a 2-value
-    tail (514 = 2 x 256 + 2), padded N)."""
-    from radixkv.model.kernels import gemm
-
-    mod = gemm(dtype)
-    if mod is None:
-        pytest.skip(f"no GEMM kernel for {dtype} on this CPU")
+    product's rows bit for bit (row tiles of 1-8, row blocks of 96 and 192, K blocks with a
+    2-value tail (514 = 2 x 256 + 2), K = 1,536 over 1,024-value blocks, padded N, panels of 3
+    and 4 blocks), on every path the CPU serves for the dtype."""
+    mod = gemm_module(dtype)
     g = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g)
     packed = mod.gemm_pack(w)
     x = torch.randn(300, k, generator=g).to(dtype)
-    whole = mod.gemm(x, packed, n, bias)
-    for rows in (1, 2, 7, 8, 9, 16, 17, 95, 97, 200):
-        assert torch.equal(mod.gemm(x[:rows].contiguous(), packed, n, bias), whole[:rows])
-        assert torch.equal(mod.gemm(x[-rows:].contiguous(), packed, n, bias), whole[-rows:])
+    for path in each_path(mod, dtype):
+        whole = mod.gemm(x, packed, n, bias)
+        for rows in (1, 2, 5, 6, 7, 8, 9, 16, 17, 95, 97, 191, 193, 200):
+            alone = mod.gemm(x[:rows].contiguous(), packed, n, bias)
+            assert torch.equal(alone, whole[:rows]), (path, rows)
+            alone = mod.gemm(x[-rows:].contiguous(), packed, n, bias)
+            assert torch.equal(alone, whole[-rows:]), (path, rows)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -154,22 +155,20 @@ def test_gemm_rows_do_not_depend_on_the_row_count(dtype: torch.dtype, n: int, k:
 def test_gemm_rows_do_not_depend_on_the_threads(dtype: torch.dtype, k: int, n: int) -> None:
     """One thread and two split the output panels differently (and a 3-row product takes wider
     tiles than a 300-row one): the same bits."""
-    from radixkv.model.kernels import gemm
-
-    mod = gemm(dtype)
-    if mod is None:
-        pytest.skip(f"no GEMM kernel for {dtype} on this CPU")
+    mod = gemm_module(dtype)
     g = torch.Generator().manual_seed(7)
     w = torch.randn(n, k, generator=g).to(dtype)
     packed = mod.gemm_pack(w)
     x = torch.randn(300, k, generator=g).to(dtype)
     before = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            results.append(mod.gemm(x, packed, n, None))
-            assert torch.equal(mod.gemm(x[:3].contiguous(), packed, n, None), results[-1][:3])
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(results[0], results[1])
+    for path in each_path(mod, dtype):
+        try:
+            results = []
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                results.append(mod.gemm(x, packed, n, None))
+                three = mod.gemm(x[:3].contiguous(), packed, n, None)
+                assert torch.equal(three, results[-1][:3]), path
+        finally:
+            torch.set_num_threads(before)
+        assert torch.equal(results[0], results[1]), path

@@ -34,6 +34,16 @@ DEFAULT_SHAPES = [
     ("down", 1536, 576, 1 << 30),
     ("lm_head", 576, 49152, 64),
 ]
+# The Llama-3.2-1B shape (hidden 2,048, 32/8 heads of 64, MLP 8,192; the default tokenizer's
+# 49,152-token vocabulary), the standing speed benchmark's model.
+SHAPES_1B = [
+    ("qkv", 2048, 3072, 1 << 30),
+    ("o", 2048, 2048, 1 << 30),
+    ("gate_up", 2048, 16384, 1 << 30),
+    ("down", 8192, 2048, 1 << 30),
+    ("lm_head", 2048, 49152, 64),
+]
+SHAPE_SETS = {"default": DEFAULT_SHAPES, "1b": SHAPES_1B}
 DEFAULT_ROWS = [1, 4, 16, 64, 256, 1024, 2048]
 
 
@@ -125,6 +135,9 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)), help="M values")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--shapes", default=",".join(s[0] for s in DEFAULT_SHAPES))
+    parser.add_argument(
+        "--model", choices=sorted(SHAPE_SETS), default="default", help="whose projection shapes"
+    )
     parser.add_argument("--budget-gflop", type=float, default=20.0, help="work per variant")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
@@ -137,14 +150,17 @@ def main() -> None:
     global _clock
     _clock = CLOCKS[args.clock]
     wanted = set(args.shapes.split(","))
-    shapes = [s for s in DEFAULT_SHAPES if s[0] in wanted]
+    shapes = [s for s in SHAPE_SETS[args.model] if s[0] in wanted]
     rows = [int(r) for r in args.rows.split(",")]
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     with torch.inference_mode():
         results = run(shapes, rows, dtypes, args.budget_gflop)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            meta = {"threads": torch.get_num_threads(), "clock": args.clock}
+            from radixkv.model.kernels import kernel_paths
+
+            meta = {"threads": torch.get_num_threads(), "clock": args.clock, "model": args.model}
+            meta["kernel_paths"] = kernel_paths()
             json.dump({**meta, "results": results}, f, indent=1)
 
 

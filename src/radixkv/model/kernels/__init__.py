@@ -15,7 +15,9 @@
   kernel calls of the eager layers, in order (radixkv.model.native_stack).
 
 On CPUs with AMX, bfloat16 attention and GEMMs run on AMX tiles (`attn_amx.h`, `gemm_amx.h`);
-`RADIXKV_AMX=0` keeps a process on the AVX-512 kernels (other bits, the same invariance).
+`RADIXKV_AMX=0` keeps a process on the AVX-512 kernels (other bits, the same invariance). Without
+AMX, the bfloat16 GEMM runs VDPBF16PS or FMAs on widened values, whichever a measurement at build
+time found faster on this CPU (`paths.py`; `RADIXKV_BF16_GEMM` forces one).
 
 The two attention kernels share one reduction order (keys in blocks at absolute positions, see
 `decode_canon.h`), so a token's attention output is the same bits whether it was computed in a
@@ -45,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from radixkv.model.kernels import paths
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +162,20 @@ def cpu_kernels() -> Any:
                 build_directory=str(path),
                 verbose=False,
             )
+            # Inside the lock: the first process measures the bfloat16 paths and records them.
+            bf16 = paths.select_bf16_gemm(module, path)
+    except ValueError:  # a forced path this CPU does not serve: said, not hidden by a fallback
+        raise
     except Exception as exc:  # any build failure means "use the fallbacks"
         log.warning("C++ CPU kernels unavailable (%s); using torch's kernels", exc)
         return None
+    log.info("C++ CPU kernels: bfloat16 GEMM path %s", bf16 or "none")
     return module
+
+
+def kernel_paths() -> dict[str, str]:
+    """The CPU model and the kernel path each dtype takes in this process (for reports)."""
+    return paths.report(cpu_kernels())
 
 
 def decode_attention() -> DecodeKernel | None:

@@ -16,6 +16,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_f32_supported", &gemm_f32_supported);
   m.def("gemm_bf16_supported", &gemm_bf16_supported);
   m.def("gemm_bf16_amx", &gemm_bf16_amx);
+  m.def("gemm_bf16_amx_supported", &gemm_bf16_amx_supported);
+  m.def("bf16_gemm_paths", &bf16_gemm_paths, "The bfloat16 GEMM paths this CPU serves");
+  m.def("set_bf16_gemm", &set_bf16_gemm, "Choose this process's bfloat16 GEMM path (once)");
+  m.def("bf16_gemm", &bf16_gemm, "This process's bfloat16 GEMM path");
   m.def("gemm_pack", &gemm_pack, "Repack W [N, K] for gemm (N padded to 16)");
   m.def("gemm", &gemm, "x [M, K] @ packed W^T (+ f32 bias), row-invariant reduction order");
   m.def("gemm_silu", &gemm_silu, "silu(gate) * up of x @ [gate; up]^T, blocks interleaved (AMX)");

@@ -8,12 +8,15 @@
 // Thinking Machines' "Defeating Nondeterminism in LLM Inference"), for decode steps and prefill
 // chunks alike.
 //
-// On CPUs with AMX, bfloat16 weights whose K is a multiple of 32 take the tile kernel instead
-// (gemm_amx.h: row-invariant too, other bits; chosen per weight, never per call).
-// Why bfloat16 otherwise runs f32 FMAs rather than VDPBF16PS: on AVX-512 BF16 CPUs without AMX
-// a VDPBF16PS retires at about a quarter of the FMA rate, so the two FMAs it replaces are
-// faster; widening a bf16 weight pair costs two cheap integer ops per 16 outputs, shared by every
-// row of the tile. Measured at 1,152 rows: 2x the VDPBF16PS kernel (docs/determinism.md).
+// bfloat16 has three paths, one per process (`set_bf16_gemm`, called once by Python when the
+// module loads, before any product; radixkv.model.kernels picks it by a measurement made at build
+// time, or $RADIXKV_BF16_GEMM forces it):
+//   "fma"  f32 FMAs on widened values (above: the same bits on every AVX-512 CPU);
+//   "dot"  VDPBF16PS on bf16 pairs (gemm_core.h BF16DotOps: one chain too, other bits; the
+//          fastest on CPUs whose VDPBF16PS runs at the FMA rate, e.g. AMD Zen 4; on Intel's
+//          Sapphire Rapids without AMX it retires at a quarter of it and "fma" is 2x faster);
+//   "amx"  AMX tiles for weights whose K is a multiple of 32 (gemm_amx.h: row-invariant, other
+//          bits), "fma" for the others (chosen per weight, never per call).
 //
 // W is repacked once into blocks of 16 output features, K contiguous inside a block:
 //   float32:  [N/16, K, 16]        x[m, k] broadcast against 16 outputs;
@@ -28,14 +31,20 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "gemm_amx.h"
+#include "kernels.h"
 #include "gemm_core.h"
 
 namespace {
 
 #if defined(__AVX512F__)
+using radixkv_gemm::BF16DotOps;
 using radixkv_gemm::BF16Ops;
 using radixkv_gemm::Blocking;
 using radixkv_gemm::F32Ops;
@@ -43,8 +52,21 @@ using radixkv_gemm::padded;
 
 // The blocking of a product of m_rows rows. The reduction order never depends on it (only which
 // chains run side by side does): 1-3 rows take 4 blocks of outputs per tile (more chains in flight
-// while W streams from memory), more rows 8 x 3.
-Blocking blocking(int64_t m_rows) {
+// while W streams from memory), more rows 8 x 3. The VDPBF16PS kernel (`dot`) does twice the
+// work per instruction, so it wants fewer loads per product and longer K blocks: 6 x 4 tiles
+// (10 loads per 24 products), 1,024 k values and 192 rows per block (on Zen 4, 1B shapes at
+// 64-1,024 rows: 410-440 GFLOP/s on 2 cores, against 350-410 with the FMA kernel's blocking).
+// Its panels of 4 blocks become panels of 3 where that loads the busiest thread with fewer
+// blocks (the default model's 576 outputs: 9 panels of 4 on 2 threads run 5 against 4).
+Blocking blocking(int64_t m_rows, int64_t n = 0, bool dot = false) {
+  if (dot) {
+    const int64_t blocks = padded(n) / 16, threads = std::max(1, at::get_num_threads());
+    const auto busiest = [&](int64_t nt) {
+      return ((blocks + nt - 1) / nt + threads - 1) / threads * nt;
+    };
+    const int64_t nt = busiest(3) < busiest(4) ? 3 : 4;
+    return Blocking{/*mt=*/m_rows >= 4 ? 6 : 8, nt, /*kc=*/1024, /*mc=*/192};
+  }
   return Blocking{/*mt=*/8, /*nt=*/m_rows >= 4 ? 3 : 4, /*kc=*/256, /*mc=*/96};
 }
 
@@ -69,7 +91,48 @@ void check(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
               "bias must be a contiguous float32 vector of n values");
 }
 
+// The bfloat16 path of this process: an index into kBf16Paths, -1 until set (then "amx" where
+// the tiles are enabled, else "fma": the choice before paths were measured).
+const char* const kBf16Paths[] = {"fma", "dot", "amx"};
+enum Bf16Path : int { kFma = 0, kDot = 1, kAmx = 2 };
+std::atomic<int> g_bf16_path{-1};
+
+int bf16_path() {
+  const int p = g_bf16_path.load(std::memory_order_relaxed);
+  if (p >= 0) return p;
+  return gemm_bf16_amx_supported() ? kAmx : kFma;
+}
+
 }  // namespace
+
+bool gemm_bf16_amx_supported() {
+#if defined(RADIXKV_AMX)
+  return radixkv_amx::enabled();
+#else
+  return false;
+#endif
+}
+
+std::vector<std::string> bf16_gemm_paths() {
+  std::vector<std::string> out;
+  if (!gemm_bf16_supported()) return out;
+  out.emplace_back(kBf16Paths[kFma]);
+  out.emplace_back(kBf16Paths[kDot]);
+  if (gemm_bf16_amx_supported()) out.emplace_back(kBf16Paths[kAmx]);
+  return out;
+}
+
+void set_bf16_gemm(const std::string& name) {
+  for (const auto& p : bf16_gemm_paths())
+    if (p == name) {
+      for (int i = 0; i < 3; ++i)
+        if (name == kBf16Paths[i]) g_bf16_path.store(i);
+      return;
+    }
+  TORCH_CHECK(false, "bfloat16 GEMM path '", name, "' is not served on this CPU");
+}
+
+std::string bf16_gemm() { return gemm_bf16_supported() ? kBf16Paths[bf16_path()] : ""; }
 
 bool gemm_f32_supported() {
 #if defined(__AVX512F__)
@@ -79,13 +142,7 @@ bool gemm_f32_supported() {
 #endif
 }
 
-bool gemm_bf16_amx() {
-#if defined(RADIXKV_AMX)
-  return radixkv_amx::enabled();
-#else
-  return false;
-#endif
-}
+bool gemm_bf16_amx() { return gemm_bf16_supported() && bf16_path() == kAmx; }
 
 bool gemm_bf16_supported() {
 #if defined(__AVX512BF16__)
@@ -128,8 +185,9 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
 #if defined(__AVX512BF16__)
     check(x, packed, n, bias, torch::kBFloat16);
     TORCH_CHECK(k % 2 == 0, "bf16 gemm needs an even number of in features");
+    const int path = bf16_path();
 #if defined(RADIXKV_AMX)
-    if (k % 32 == 0 && radixkv_amx::enabled()) {  // per weight (its K), never per call
+    if (path == kAmx && k % 32 == 0) {  // per weight (its K), never per call
       radixkv_amx::gemm(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k,
                         reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n,
                         bp, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()),
@@ -137,10 +195,15 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
       return out;
     }
 #endif
-    radixkv_gemm::run<BF16Ops, uint16_t>(
-        blocking(m_rows), reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k / 2,
-        reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>()), n, bp,
-        reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), AtenFor{});
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+    const auto* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>());
+    auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+    if (path == kDot)
+      radixkv_gemm::run<BF16DotOps, uint16_t>(blocking(m_rows, n, true), xp, m_rows, k / 2, wp, n,
+                                              bp, op, AtenFor{});
+    else
+      radixkv_gemm::run<BF16Ops, uint16_t>(blocking(m_rows), xp, m_rows, k / 2, wp, n, bp, op,
+                                           AtenFor{});
     return out;
 #endif
   }
@@ -156,7 +219,7 @@ torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
 #if defined(RADIXKV_AMX)
   check(x, packed, n, bias, torch::kBFloat16);
   const int64_t m_rows = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % 32 == 0 && n % 32 == 0 && radixkv_amx::enabled(),
+  TORCH_CHECK(k % 32 == 0 && n % 32 == 0 && gemm_bf16_amx(),
               "gemm_silu: AMX, K and n multiples of 32");
   auto out = torch::empty({m_rows, n / 2}, x.options());
   if (m_rows == 0) return out;

@@ -30,6 +30,20 @@ struct BF16Ops {
   static constexpr int64_t kPerWord = 2;
 };
 
+// bfloat16 on VDPBF16PS: the same packed pairs, x kept as bf16 (each row's pair (k, k + 1) is
+// one 32-bit word, broadcast), and one instruction per pair per 16 outputs. Each output is still
+// ONE f32 chain over the pairs in increasing order, but a link of it is the instruction's own
+// two-product step (its rounding is the CPU's: see docs/determinism.md), not two FMAs.
+struct BF16DotOps {
+  using Word = uint32_t;
+  static constexpr int64_t kPerWord = 2;
+};
+
+// The element type a tile reads x in: f32 (float32 rows, or bfloat16 rows widened once per row
+// block), or the bf16 bits themselves for the dot-product kernel.
+template <typename Ops>
+using XOf = std::conditional_t<std::is_same_v<Ops, BF16DotOps>, uint16_t, float>;
+
 // The blocking (none of it changes a chain's order of terms, only which chains run side by side
 // and where a partial sum waits in memory between K blocks):
 //   mt x nt    the register tile: mt rows x nt blocks of 16 outputs;
@@ -44,7 +58,7 @@ struct Blocking {
 // partial sums (ldc floats apart), and the word range of this K block.
 template <typename Ops>
 struct TileArgs {
-  const float* x;  // at k value k0 * kPerWord
+  const XOf<Ops>* x;  // at k value k0 * kPerWord
   int64_t ldx;
   const typename Ops::Word* w;  // first block of the panel, at word k0
   int64_t ldw;                  // words between two blocks (K words x 16)
@@ -69,6 +83,19 @@ void tile(const TileArgs<Ops>& a) {
         for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
       }
     }
+  } else if constexpr (std::is_same_v<Ops, BF16DotOps>) {
+#if defined(__AVX512BF16__)
+    for (int64_t k = 0; k < a.kw; ++k) {
+      __m512i wv[NT];  // the pairs (k, k + 1) of 16 outputs per block
+      for (int j = 0; j < NT; ++j) wv[j] = _mm512_loadu_si512(a.w + j * a.ldw + k * kBlock);
+      for (int m = 0; m < MT; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, a.x + m * a.ldx + 2 * k, sizeof(pair));
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+        for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, (__m512bh)wv[j]);
+      }
+    }
+#endif
   } else {
     const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t k = 0; k < a.kw; ++k) {
@@ -142,11 +169,13 @@ void finish(const float* c, int64_t ldc, int64_t mt, int64_t n0, int64_t nb, int
     }
 }
 
-// Rows [r0, r0 + rb) of x as f32, k values contiguous: float32 rows are used in place, bfloat16
-// rows (uint16_t bits) are widened (exactly) into `buf`.
-template <typename T>
-const float* f32_rows(const T* x, int64_t r0, int64_t rb, int64_t k, std::vector<float>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
+// Rows [r0, r0 + rb) of x as a tile reads them, k values contiguous: float32 rows and the dot
+// kernel's bf16 rows are used in place, other bfloat16 rows (uint16_t bits) are widened
+// (exactly) into `buf`.
+template <typename Ops, typename T>
+const XOf<Ops>* tile_rows(const T* x, int64_t r0, int64_t rb, int64_t k,
+                          std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, XOf<Ops>>) {
     return x + r0 * k;
   } else {
     buf.resize(rb * k);
@@ -184,7 +213,7 @@ void run(const Blocking& bl, const T* x, int64_t m_rows, int64_t kw_total,
     std::vector<float> cbuf(direct ? 0 : std::min(bl.mc, m_rows) * ldc);
     for (int64_t r0 = 0; r0 < m_rows; r0 += bl.mc) {
       const int64_t rb = std::min(bl.mc, m_rows - r0);
-      const float* xf = f32_rows(x, r0, rb, k_total, xbuf);
+      const XOf<Ops>* xf = tile_rows<Ops>(x, r0, rb, k_total, xbuf);
       for (int64_t p = begin; p < end; ++p) {
         const int64_t b0 = p * nt, nb = std::min(nt, nblocks - b0);
         float* c = cbuf.data();

@@ -4,6 +4,9 @@
 
 #include <torch/extension.h>
 
+#include <string>
+#include <vector>
+
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                torch::Tensor slots, torch::Tensor lens, int64_t window,
                                double scale);
@@ -14,7 +17,11 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                                double scale);
 bool gemm_f32_supported();
 bool gemm_bf16_supported();
-bool gemm_bf16_amx();
+bool gemm_bf16_amx();            // this process's bfloat16 path is the AMX tiles
+bool gemm_bf16_amx_supported();  // the tiles are built and enabled on this CPU
+std::vector<std::string> bf16_gemm_paths();  // the bfloat16 GEMM paths this CPU serves
+void set_bf16_gemm(const std::string& name);  // once, before any product
+std::string bf16_gemm();                      // this process's bfloat16 path ("" if none)
 torch::Tensor gemm_pack(torch::Tensor w);
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
                    c10::optional<torch::Tensor> bias);
