@@ -277,6 +277,10 @@ class SchedulerConfig(Section):
         return []
 
 
+# The formats radixkv.server.tool_parsers reads (a test keeps the two lists equal).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
+
+
 @dataclass(frozen=True)
 class ServerConfig(Section):
     """The HTTP front end of `radixkv serve` (the engine ignores this section)."""
@@ -292,6 +296,13 @@ class ServerConfig(Section):
         None, "model id clients must send (default: the checkpoint's directory name)"
     )
     log_level: str = opt("info", "server log level", choices=LOG_LEVELS)
+    tool_call_parser: str | None = opt(
+        None,
+        "how tool calls are read from the model's output on /v1/chat/completions (tool_choice "
+        "auto): hermes (Qwen2.5/3 <tool_call> JSON), llama3_json, pythonic; default: the "
+        "format the chat template's tool instructions name",
+        choices=TOOL_CALL_PARSERS,
+    )
     retry_after: int = opt(
         1,
         "seconds in the Retry-After header of a 503 (overloaded: --max-running-requests running "

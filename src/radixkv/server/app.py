@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from radixkv.config import EngineConfig
-from radixkv.engine.types import SamplingParams
+from radixkv.engine.types import RequestError, SamplingParams
 from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.config_view import install_config_route
 from radixkv.server.dashboard import RecentRequests, install_dashboard
@@ -46,6 +46,8 @@ from radixkv.server.protocol import (
 )
 from radixkv.server.serving import Generation, Kind
 from radixkv.server.sessions import SessionTracker
+from radixkv.server.tool_parsers import parser_for_template
+from radixkv.server.tools import ToolPlan, output_parser, render_with_tools
 
 log = logging.getLogger("radixkv.server")
 
@@ -80,6 +82,12 @@ class ServerState:
         self.recent = RecentRequests(self.label_key)
         self.metrics = ServerMetrics(self.engine.metrics)
         self.started = int(time.time())
+        # --tool-call-parser, else the format the chat template's tool instructions point to.
+        self.tool_call_parser: str | None = self.config.server.tool_call_parser
+        if self.tool_call_parser is None:
+            self.tool_call_parser = parser_for_template(
+                getattr(self.tokenizer, "chat_template", None)
+            )
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -102,6 +110,7 @@ def create_app(
     state = ServerState(engine, model_name, api_key)
     if config is not None:
         state.config = config
+        state.tool_call_parser = config.server.tool_call_parser or state.tool_call_parser
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -141,14 +150,25 @@ def _sampling_for(
 
 
 async def _generate(
-    state: ServerState, request: Request, kind: Kind, req: Any, prompt_ids: list[int]
+    state: ServerState,
+    request: Request,
+    kind: Kind,
+    req: Any,
+    prompt_ids: list[int],
+    tool_plan: ToolPlan | None = None,
 ) -> Response:
     """Submit a tokenized request and answer it as JSON or as an SSE stream."""
     t0 = time.perf_counter()
     sampling = _sampling_for(state, kind, req, prompt_ids)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
+    try:
+        stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
+    except RequestError as exc:  # the grammar of a forced tool_choice comes from the tools
+        if tool_plan is not None and tool_plan.forced and exc.param == "response_format":
+            msg = str(exc).replace("JSON schema", "tool schema")
+            raise RequestError(msg, exc.code, "tools") from None
+        raise
     echo = None
     if kind == "completion" and req.echo:
         p = req.prompt_text_or_ids()
@@ -165,6 +185,7 @@ async def _generate(
         n=sampling.n,
         logprobs=sampling.logprobs is not None,
         echo=echo,
+        tool_plan=tool_plan,
     )
     gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
     if req.stream:
@@ -224,18 +245,43 @@ async def _parse_completion(
 
 async def _parse_chat(
     state: ServerState, request: Request
-) -> tuple[ChatCompletionRequest, list[int]]:
-    """A /v1/chat/completions body, checked, and its messages rendered by the chat template."""
+) -> tuple[ChatCompletionRequest, list[int], ToolPlan | None]:
+    """A /v1/chat/completions body, checked, its messages (and tools) rendered by the chat
+    template, and how its output is read for tool calls (None: as plain content)."""
     req = parse_body(ChatCompletionRequest, await _read_body(request))
     state.check_model(req.model)
     req.check(state.vocab_size)
     try:
-        ids = await asyncio.to_thread(
-            state.tokenizer.apply_chat_template, req.template_messages(), True
-        )
+        if req.uses_tools:
+            text = await asyncio.to_thread(
+                render_with_tools, state.tokenizer, req.template_messages(), req.tools
+            )
+            ids = await asyncio.to_thread(state.tokenizer.encode, text)
+        else:
+            ids = await asyncio.to_thread(
+                state.tokenizer.apply_chat_template, req.template_messages(), True
+            )
+    except APIError:
+        raise
     except Exception as exc:  # template errors (e.g. role order) are the caller's input
         raise APIError(f"chat template failed: {exc}", param="messages") from None
-    return req, list(ids)
+    return req, list(ids), _tool_plan(state, req)
+
+
+def _tool_plan(state: ServerState, req: ChatCompletionRequest) -> ToolPlan | None:
+    """The parser for this request's output; 400 for `auto` when no format is known."""
+    mode, name = req.tool_mode()
+    if mode == "none":
+        return None
+    parser = output_parser(mode, name, state.tool_call_parser)
+    if parser is None:
+        raise APIError(
+            "tool_choice 'auto' needs the model's tool-call format, which its chat template does "
+            "not reveal: start the server with --tool-call-parser",
+            param="tool_choice",
+            code="unsupported",
+        )
+    return ToolPlan(parser, single=not req.parallel_tool_calls, forced=mode != "auto")
 
 
 def _rendered(state: ServerState, kind: Kind, req: Any, prompt_ids: list[int]) -> dict[str, Any]:
@@ -271,8 +317,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req, ids = await _parse_chat(state, request)
-        return await _generate(state, request, "chat", req, ids)
+        req, ids, plan = await _parse_chat(state, request)
+        return await _generate(state, request, "chat", req, ids, plan)
 
     # The prompt token ids a request would run with, without running it (vLLM's render routes,
     # which vllm-router's kv_aware policy calls to hash a prompt the way the engine will see it).
@@ -283,7 +329,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> dict[str, Any]:
-        req, ids = await _parse_chat(state, request)
+        req, ids, _ = await _parse_chat(state, request)
         return _rendered(state, "chat", req, ids)
 
     @app.get("/v1/models")

@@ -2,12 +2,15 @@
 
 Bodies are parsed from raw bytes in strict JSON mode, so a string where a number belongs is a 400
 (never FastAPI's 422), and malformed JSON is a 400 too. Unknown fields are ignored (clients send
-many optional ones); fields we cannot honour (suffix, tools, echo together with logprobs) are
-rejected with a 400 that names the parameter instead of being silently dropped.
+many optional ones); fields we cannot honour (suffix, echo together with logprobs) are
+rejected with a 400 that names the parameter instead of being silently dropped. Tools and
+`tool_choice` are checked here too (radixkv.server.tools); a forced choice becomes the request's
+grammar.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,6 +19,14 @@ from radixkv.engine.types import RequestOptions, SamplingParams
 from radixkv.server.errors import APIError as APIError  # re-exported for the handlers
 from radixkv.server.errors import overloaded as overloaded
 from radixkv.server.sampling_args import logit_bias_pairs, response_format_schema
+from radixkv.server.tools import (
+    Mode,
+    ToolCallIn,
+    ToolSpec,
+    check_tools,
+    constraint_schema,
+    tool_mode,
+)
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -147,6 +158,23 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it ("developer" is OpenAI's newer "system")."""
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.tool_calls:
+            out["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -161,7 +189,9 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
     def check(self, vocab_size: int) -> None:
         if self.max_completion_tokens is not None:  # the newer name wins over max_tokens
@@ -177,18 +207,39 @@ class ChatCompletionRequest(_Common):
             raise APIError(
                 "top_logprobs requires logprobs=true", param="top_logprobs", code="invalid_value"
             )
+        mode, _ = self.tool_mode()
         if self.tools:
-            raise APIError("tools are not supported", param="tools", code="unsupported")
+            check_tools(self.tools)
+        if mode in ("required", "named") and self.response_format not in (
+            None,
+            {"type": "text"},
+        ):
+            raise APIError(
+                f"response_format cannot be combined with tool_choice {mode!r}",
+                param="response_format",
+                code="invalid_value",
+            )
+
+    def tool_mode(self) -> tuple[Mode, str | None]:
+        """(none / auto / required / named, the named function); 400 if tool_choice is wrong."""
+        return tool_mode(self.tools, self.tool_choice)
+
+    def sampling(self, default_max_tokens: int, vocab_size: int = 2**31) -> SamplingParams:
+        params = super().sampling(default_max_tokens, vocab_size)
+        mode, name = self.tool_mode()
+        schema = constraint_schema(self.tools or [], mode, name, self.parallel_tool_calls)
+        return params if schema is None else dataclasses.replace(params, json_schema=schema)
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def template_messages(self) -> list[dict[str, str]]:
-        # "developer" is OpenAI's newer name for the system role; templates know "system".
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template() for m in self.messages]
+
+    @property
+    def uses_tools(self) -> bool:
+        """True when tools or tool turns must go through the tool-aware rendering."""
+        return bool(self.tools) or any(m.tool_calls or m.role == "tool" for m in self.messages)
 
 
 def parse_body(model: type[_M], raw: bytes) -> _M:

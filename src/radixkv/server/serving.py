@@ -6,7 +6,10 @@ Each delta belongs to one choice (`delta.index`); a choice is done when its delt
 finish_reason, the request when a delta has `finished`. Invariant: however the response ends —
 finished, client gone, server error — `finish()` runs exactly once, and if the engine did not
 report the request finished, the request is aborted so every choice's slots and locks are
-released. Usage counts the prompt once and sums completion tokens over the choices.
+released. Usage counts the prompt once and sums completion tokens over the choices. With a tool
+plan each chat choice reads its output through a ToolCallStream (tool_stream.py): its message gets
+`tool_calls`, its stream `tool_calls` deltas, and a choice that called a tool and stopped
+finishes with "tool_calls".
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from starlette.requests import Request
 from radixkv.engine.types import StreamDelta
 from radixkv.server.logprobs import LogprobsBuilder
 from radixkv.server.protocol import APIError
+from radixkv.server.tool_stream import ToolCallStream
+from radixkv.server.tools import ToolPlan
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState
@@ -45,6 +50,7 @@ class Generation:
         n: int = 1,
         logprobs: bool = False,
         echo: str | None = None,
+        tool_plan: ToolPlan | None = None,
     ) -> None:
         self.state = state
         self.kind = kind
@@ -62,6 +68,9 @@ class Generation:
             offset = len(echo or "")
             for c in self.choices:
                 c.logprobs = LogprobsBuilder(kind, state.token_text, offset)
+        if tool_plan is not None and kind == "chat":
+            for c in self.choices:
+                c.tools = ToolCallStream(tool_plan.parser, single=tool_plan.single)
         self.finish_reason: str | None = None  # of the request: set when it ended
         self.error: str | None = None
         self._first_token = False
@@ -168,11 +177,14 @@ class Generation:
         text = "".join(c.parts)
         lps = c.logprobs.total() if c.logprobs is not None else None
         if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if c.tools is not None:
+                message = c.tools.message(text)
             return {
                 "index": c.index,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": lps,
-                "finish_reason": c.finish_reason,
+                "finish_reason": c.final_reason(),
             }
         return {
             "index": c.index,
@@ -189,10 +201,13 @@ class Generation:
         role: bool = False,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        tool_delta: dict[str, Any] | None = None,
     ) -> str:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-            if text:
+            if tool_delta is not None:
+                delta.update(tool_delta)
+            elif text:
                 delta["content"] = text
             choice: dict[str, Any] = {
                 "index": index,
@@ -238,7 +253,17 @@ class Generation:
                     yield f"data: {json.dumps(err.body())}\n\n"
                     break
                 lps = self._logprobs(delta) if delta.new_token_ids else None
-                if delta.new_text or delta.finish_reason or lps is not None:
+                choice = self.choices[delta.index] if delta.index < len(self.choices) else None
+                if choice is not None and choice.tools is not None:
+                    tool_delta = choice.tools.feed(delta.new_text)
+                    if delta.finish_reason:
+                        tool_delta = _merge(tool_delta, choice.tools.finish())
+                    if tool_delta or delta.finish_reason or lps is not None:
+                        reason = choice.final_reason() if delta.finish_reason else None
+                        yield self._chunk(
+                            None, reason, index=delta.index, logprobs=lps, tool_delta=tool_delta
+                        )
+                elif delta.new_text or delta.finish_reason or lps is not None:
                     yield self._chunk(
                         delta.new_text, delta.finish_reason, index=delta.index, logprobs=lps
                     )
@@ -260,6 +285,23 @@ class _Choice:
         self.finish_reason: str | None = None
         self.completion_tokens = 0
         self.logprobs: LogprobsBuilder | None = None
+        self.tools: ToolCallStream | None = None
+
+    def final_reason(self) -> str | None:
+        """OpenAI's finish_reason: "tool_calls" when the model stopped after calling a tool."""
+        if self.tools is not None and self.tools.called and self.finish_reason == "stop":
+            return "tool_calls"
+        return self.finish_reason
+
+
+def _merge(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """Two chunk deltas as one: content concatenated, tool_call items in order."""
+    out = dict(first)
+    if "content" in last:
+        out["content"] = out.get("content", "") + last["content"]
+    if "tool_calls" in last:
+        out["tool_calls"] = out.get("tool_calls", []) + last["tool_calls"]
+    return out
 
 
 async def _abort_on_disconnect(request: Request, gen: Generation) -> None:
