@@ -97,7 +97,9 @@ def build_dir() -> Path:
     from radixkv.model.default import cache_root
 
     tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
-    return cache_root().parent / "kernels" / f"{tag}-{_cpu_tag()}-{_source_tag()}"
+    name = f"{tag}-{_cpu_tag()}-{_source_tag()}"
+    build = paths.isa()
+    return cache_root().parent / "kernels" / (f"{name}-{build}" if build == "avx2" else name)
 
 
 LOCK_NAME = "radixkv-build.lock"
@@ -153,7 +155,8 @@ def cpu_kernels() -> Any:
         path = build_dir()
         flags = ["-O3", "-fopenmp"]
         if os.uname().machine in ("x86_64", "AMD64"):
-            flags.append("-march=native")
+            # -march=haswell: AVX2 + FMA + F16C, the AVX-512 kernels on 256-bit halves (isa.h)
+            flags.append("-march=haswell" if paths.isa() == "avx2" else "-march=native")
         with build_lock(path):
             module = load(
                 name="radixkv_cpu_kernels",

@@ -5,16 +5,10 @@
 
 #include "simd.h"
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 namespace radixkv_act {
 
-// Round to nearest even, as c10's float -> bfloat16 conversion does (NaN aside).
-inline __m256i to_bf16(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb);
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
+using radixkv_isa::to_bf16;
 
 // 16 bf16 values as f32 lanes.
 inline __m512 widen_bf16(__m256i h) {

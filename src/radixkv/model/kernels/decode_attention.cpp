@@ -24,7 +24,7 @@ namespace {
 
 using namespace radixkv_simd;
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t d) {
   if (d % 16 != 0) {
@@ -231,7 +231,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     }
   }
 #endif
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
   if (D % 16 == 0 && D <= 256) {
     using namespace radixkv_decode;
     const Problem P{H, KV, G, D, window, k.stride(0), v.stride(0), k.stride(1), v.stride(1), W,

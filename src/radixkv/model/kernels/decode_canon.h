@@ -27,7 +27,7 @@
 
 #include "simd.h"
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 namespace radixkv_decode {
 
 using namespace radixkv_simd;

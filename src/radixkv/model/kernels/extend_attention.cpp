@@ -31,7 +31,7 @@
 #include "extend_common.h"
 #include "extend_f32.h"
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 namespace {
 
 using namespace radixkv_extend;
@@ -159,7 +159,7 @@ void run_amx(const Problem& P, const c10::BFloat16* q, const c10::BFloat16* k,
 #endif
 
 bool extend_attention_supported() {
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
   return true;
 #else
   return false;
@@ -174,7 +174,7 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                                torch::Tensor slots, torch::Tensor ctx_start, torch::Tensor q_start,
                                torch::Tensor new_len, torch::Tensor prefix, int64_t window,
                                double scale) {
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
   using radixkv_extend::Item;
   using radixkv_extend::Problem;
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");

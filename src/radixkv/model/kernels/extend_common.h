@@ -11,7 +11,7 @@
 
 #include "simd.h"
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 namespace radixkv_extend {
 
 using namespace radixkv_simd;
@@ -22,8 +22,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Pins a loaded vector in a register: without it GCC folds the load into each of the 4 FMAs
 // that use it (4x the loads, and the loops become load-bound).
+#if defined(RADIXKV_ON_AVX2)
+inline void keep(__m512& x) { asm volatile("" : "+v"(x.lo), "+v"(x.hi)); }
+inline void keep(__m512i& x) { asm volatile("" : "+v"(x.lo), "+v"(x.hi)); }
+#else
 inline void keep(__m512& x) { asm volatile("" : "+v"(x)); }
 inline void keep(__m512i& x) { asm volatile("" : "+v"(x)); }
+#endif
 
 struct Problem {
   int64_t H, KV, G, D, window;  // window 0: none

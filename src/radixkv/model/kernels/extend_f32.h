@@ -7,7 +7,7 @@
 
 #include "extend_common.h"
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 namespace radixkv_extend {
 
 struct F32Products {

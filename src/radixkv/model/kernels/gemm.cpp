@@ -43,7 +43,7 @@
 
 namespace {
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 using radixkv_gemm::BF16DotOps;
 using radixkv_gemm::BF16Ops;
 using radixkv_gemm::Blocking;
@@ -67,7 +67,12 @@ Blocking blocking(int64_t m_rows, int64_t n = 0, bool dot = false) {
     const int64_t nt = busiest(3) < busiest(4) ? 3 : 4;
     return Blocking{/*mt=*/m_rows >= 4 ? 6 : 8, nt, /*kc=*/1024, /*mc=*/192};
   }
+#if defined(RADIXKV_ON_AVX2)
+  // 16 ymm registers: 6 rows x 1 block is 12 accumulators + 2 weight halves + a broadcast.
+  return Blocking{/*mt=*/6, /*nt=*/1, /*kc=*/256, /*mc=*/96};
+#else
   return Blocking{/*mt=*/8, /*nt=*/m_rows >= 4 ? 3 : 4, /*kc=*/256, /*mc=*/96};
+#endif
 }
 
 // at::parallel_for as gemm_core's pfor.
@@ -117,7 +122,9 @@ std::vector<std::string> bf16_gemm_paths() {
   std::vector<std::string> out;
   if (!gemm_bf16_supported()) return out;
   out.emplace_back(kBf16Paths[kFma]);
+#if defined(__AVX512BF16__)
   out.emplace_back(kBf16Paths[kDot]);
+#endif
   if (gemm_bf16_amx_supported()) out.emplace_back(kBf16Paths[kAmx]);
   return out;
 }
@@ -135,7 +142,7 @@ void set_bf16_gemm(const std::string& name) {
 std::string bf16_gemm() { return gemm_bf16_supported() ? kBf16Paths[bf16_path()] : ""; }
 
 bool gemm_f32_supported() {
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
   return true;
 #else
   return false;
@@ -145,7 +152,7 @@ bool gemm_f32_supported() {
 bool gemm_bf16_amx() { return gemm_bf16_supported() && bf16_path() == kAmx; }
 
 bool gemm_bf16_supported() {
-#if defined(__AVX512BF16__)
+#if defined(RADIXKV_AVX512)
   return true;
 #else
   return false;
@@ -174,7 +181,7 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   if (m_rows == 0) return out;
   if (x.scalar_type() == torch::kFloat) {
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
     check(x, packed, n, bias, torch::kFloat);
     radixkv_gemm::run<F32Ops, float>(blocking(m_rows), x.data_ptr<float>(), m_rows, k,
                                      packed.data_ptr<float>(), n, bp, out.data_ptr<float>(),
@@ -182,10 +189,11 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
     return out;
 #endif
   } else if (x.scalar_type() == torch::kBFloat16) {
-#if defined(__AVX512BF16__)
+#if defined(RADIXKV_AVX512)
     check(x, packed, n, bias, torch::kBFloat16);
     TORCH_CHECK(k % 2 == 0, "bf16 gemm needs an even number of in features");
     const int path = bf16_path();
+    (void)path;  // unused where neither the tiles nor VDPBF16PS are built
 #if defined(RADIXKV_AMX)
     if (path == kAmx && k % 32 == 0) {  // per weight (its K), never per call
       radixkv_amx::gemm(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m_rows, k,
@@ -198,12 +206,15 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
     const auto* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>());
     auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-    if (path == kDot)
+#if defined(__AVX512BF16__)
+    if (path == kDot) {
       radixkv_gemm::run<BF16DotOps, uint16_t>(blocking(m_rows, n, true), xp, m_rows, k / 2, wp, n,
                                               bp, op, AtenFor{});
-    else
-      radixkv_gemm::run<BF16Ops, uint16_t>(blocking(m_rows), xp, m_rows, k / 2, wp, n, bp, op,
-                                           AtenFor{});
+      return out;
+    }
+#endif
+    radixkv_gemm::run<BF16Ops, uint16_t>(blocking(m_rows), xp, m_rows, k / 2, wp, n, bp, op,
+                                         AtenFor{});
     return out;
 #endif
   }

@@ -9,8 +9,9 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#include "isa.h"
+
+#if defined(RADIXKV_AVX512)
 
 namespace radixkv_gemm {
 
@@ -163,8 +164,10 @@ void finish(const float* c, int64_t ldc, int64_t mt, int64_t n0, int64_t nb, int
       } else {
 #if defined(__AVX512BF16__)
         const __m256i h = (__m256i)_mm512_cvtneps_pbh(s);  // round to nearest even
-        _mm256_mask_storeu_epi16(out + m * ldo + o, live, h);
+#else
+        const __m256i h = radixkv_isa::to_bf16(s);
 #endif
+        _mm256_mask_storeu_epi16(out + m * ldo + o, live, h);
       }
     }
 }

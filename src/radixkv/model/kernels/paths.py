@@ -105,6 +105,38 @@ def select_bf16_gemm(module: Any, folder: Path) -> str:
     return path
 
 
+ISA_ENV = "RADIXKV_ISA"
+# The builds: "avx512" compiles for this CPU (-march=native) on CPUs with AVX-512; "avx2" compiles
+# the same kernels for AVX2 + FMA + F16C (-march=haswell, isa.h: AVX-512's operations on two
+# 256-bit halves, the same bits as an AVX-512 CPU without AVX-512 BF16) for every x86-64 CPU
+# from Haswell on. The flags each needs in /proc/cpuinfo:
+ISA_FLAGS = {"avx512": ("avx512f", "avx512bw", "avx512vl"), "avx2": ("avx2", "fma", "f16c")}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where there are none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
+
+
+def isa(flags: set[str] | None = None) -> str:
+    """The build this process loads ("avx512", "avx2", or "" where neither serves the CPU):
+    the widest the CPU has, or $RADIXKV_ISA (a build the CPU cannot run is an error)."""
+    flags = cpu_flags() if flags is None else flags
+    served = [name for name, need in ISA_FLAGS.items() if all(f in flags for f in need)]
+    forced = os.environ.get(ISA_ENV, "")
+    if forced:
+        if forced not in served:
+            have = ", ".join(served) or "neither avx512 nor avx2"
+            raise ValueError(f"${ISA_ENV}={forced}: this CPU runs {have}")
+        return forced
+    return served[0] if served else ""
+
+
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), or the machine type where there is none."""
     try:
@@ -123,10 +155,11 @@ def report(module: Any) -> dict[str, str]:
         return {"cpu": cpu_model(), "kernels": "none (torch's)"}
     bf16 = str(module.bf16_gemm()) or "onednn"
     amx = bool(module.gemm_bf16_amx_supported())
+    served = list(module.bf16_gemm_paths())  # "dot": built with AVX-512 BF16
     return {
         "cpu": cpu_model(),
-        "kernels": "avx512" if module.gemm_f32_supported() else "none (torch's)",
+        "kernels": isa() if module.gemm_f32_supported() else "none (torch's)",
         "float32_gemm": "fma" if module.gemm_f32_supported() else "onednn",
         "bfloat16_gemm": bf16,
-        "bfloat16_attention": "amx" if amx else ("dpbf16" if bf16 != "onednn" else "sdpa"),
+        "bfloat16_attention": "amx" if amx else ("dpbf16" if "dot" in served else "fma"),
     }

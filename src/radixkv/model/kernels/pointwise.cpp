@@ -21,7 +21,7 @@
 namespace {
 
 using namespace radixkv_simd;
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 using radixkv_act::silu16;
 using radixkv_act::to_bf16;
 #endif
@@ -33,7 +33,7 @@ inline T from_f(float x) { return static_cast<T>(x); }
 template <typename T>
 inline float round_to(float x) { return static_cast<float>(static_cast<T>(x)); }
 
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
 inline __m512 load16m(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16m(const c10::BFloat16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
@@ -79,7 +79,7 @@ void rms_rows(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps) 
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
       __m512 acc = _mm512_setzero_ps();
       for (int64_t i = 0; i < n; i += 16) {
         const __m512 v = load16m(xr + i, lanes(n - i));
@@ -114,7 +114,7 @@ void silu_rows(const T* gu, T* y, int64_t rows, int64_t n) {
       const T* g = gu + r * 2 * n;
       const T* u = g + n;
       T* yr = y + r * n;
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
       for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = lanes(n - i);
         const __m512 s = round16<T>(silu16(load16m(g + i, m)));
@@ -140,7 +140,7 @@ void rope_rows(const T* x, int64_t x_row, const T* cs, const T* sn, T* y, int64_
         T* yr = y + (t * heads + h) * d;
         const T* c = cs + t * d;
         const T* s = sn + t * d;
-#if defined(__AVX512F__)
+#if defined(RADIXKV_AVX512)
         for (int64_t i = 0; i < half; i += 16) {
           const __mmask16 m = lanes(half - i);
           const __m512 x1 = load16m(xr + i, m), x2 = load16m(xr + half + i, m);

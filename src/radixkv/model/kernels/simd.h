@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "isa.h"
+
 namespace radixkv_simd {
 
 inline float to_f(float x) { return x; }
@@ -32,8 +34,7 @@ inline void prefetch_kv(const T* k, const T* v, const int64_t* sl, int64_t n, in
 
 }  // namespace radixkv_simd
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(RADIXKV_AVX512)
 
 namespace radixkv_simd {
 
