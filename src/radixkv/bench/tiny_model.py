@@ -1,24 +1,84 @@
-"""`--model tiny` for the cluster benchmark: a seeded random Llama small enough that several
-replicas fit on a CPU machine (hidden 64, 2 layers, the default model's vocabulary and tokenizer,
-4,096 positions), built once under the converted-models folder. Its answers are noise; what a
-cluster benchmark measures (routing, cache hits, queueing) does not depend on them.
+"""Seeded random Llama checkpoints for benchmarks, each built once under the converted-models
+folder with the default model's vocabulary and tokenizer. Their answers are noise; what the
+benchmarks that use them measure (routing, cache hits, queueing, kernel and serving speed) does
+not depend on them.
+
+- `tiny` (`radixkv bench cluster --model tiny`): hidden 64, 2 layers, 4,096 positions, small
+  enough that several replicas fit on a CPU machine.
+- `1b` (`radixkv bench peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
+  heads of 64, MLP 8,192, rope theta 500,000, tied embeddings) with the default tokenizer's
+  49,152-token vocabulary; float32 on disk (about 4.3 GB) so that float32 and bfloat16 servers
+  both load it exactly.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TINY_NAME = "tiny"
-_DIR = "tiny-llama-4k"
+ONE_B_NAME = "1b"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# Every checkpoint here speaks the default model's tokenizer: its vocabulary and special ids.
+_TOKENIZER_IDS: dict[str, Any] = {
+    "vocab_size": 49152,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
 
 
-def tiny_llama(out: Path | None = None) -> Path:
-    """The checkpoint's directory (built on first use; later calls reuse it)."""
+@dataclass(frozen=True)
+class SeededLlama:
+    """A `transformers.LlamaConfig` (its keyword arguments on top of the tokenizer's ids), the
+    seed of its random weights, and the folder it is built in under the converted-models one."""
+
+    dir_name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+
+TINY = SeededLlama(
+    "tiny-llama-4k",
+    {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 4096,
+    },
+)
+LLAMA_1B = SeededLlama(
+    "llama-3.2-1b-shaped",
+    {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        # Llama 3.2's own: with RMS-normed inputs every projection's output stays near unit
+        # scale, so attention and logits are neither flat nor saturated.
+        "initializer_range": 0.02,
+    },
+)
+MODELS: dict[str, SeededLlama] = {TINY_NAME: TINY, ONE_B_NAME: LLAMA_1B}
+
+
+def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -> Path:
+    """The checkpoint's directory, built on first use (later calls reuse it, whatever the
+    overrides: they are for tests that build a small variant of a shape in their own `out`)."""
     from radixkv.model.gguf_convert import cache_root
 
-    out = out or cache_root() / _DIR
+    out = out or cache_root() / spec.dir_name
     if (out / "config.json").exists():
         return out
     import torch
@@ -26,24 +86,13 @@ def tiny_llama(out: Path | None = None) -> Path:
 
     from radixkv.model import default_model_path
 
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**_TOKENIZER_IDS, **spec.config, **overrides})
+    torch.manual_seed(spec.seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
+    del model
     source = Path(default_model_path())
     for name in _TOKENIZER_FILES:
         if (source / name).exists():
@@ -52,6 +101,13 @@ def tiny_llama(out: Path | None = None) -> Path:
     return out
 
 
+def tiny_llama(out: Path | None = None) -> Path:
+    """The tiny checkpoint's directory (built on first use; later calls reuse it)."""
+    return seeded_llama(TINY, out)
+
+
 def resolve_model(name: str | None) -> str | None:
-    """`tiny` → the tiny checkpoint's path; anything else unchanged (None: the default model)."""
-    return str(tiny_llama()) if name == TINY_NAME else name
+    """A name of `MODELS` (`tiny`, `1b`) → its checkpoint's path, built on first use; anything
+    else unchanged (None: the default model)."""
+    spec = MODELS.get(name) if name is not None else None
+    return str(seeded_llama(spec)) if spec is not None else name
