@@ -118,6 +118,16 @@ def test_dashboard_and_stats_cross_the_boundary(srv: LiveServer) -> None:
     assert stats["engine"]["pid"] != os.getpid() and stats["engine"]["steps"] > 0
 
 
+def test_config_reports_the_engine_process_kernel_paths(srv: LiveServer) -> None:
+    """/config's `resolved.kernel_paths` come from the engine's process (where the model runs),
+    as `kernel_paths()` gives them there; benchmark reports record them."""
+    from radixkv.model.kernels import kernel_paths
+
+    reported = httpx.get(srv.url + "/config", timeout=30).json()["resolved"]["kernel_paths"]
+    assert reported == kernel_paths()  # same machine, same environment: the same choice
+    assert reported["cpu"] and reported["kernels"]
+
+
 def test_killed_engine_is_503_and_ends_streams(model_dir: Path) -> None:
     engine = _process_engine(model_dir)
     try:

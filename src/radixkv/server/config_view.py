@@ -2,7 +2,9 @@
 
 Sections and fields as EngineConfig.describe() gives them (the API key masked, never shown),
 which fields differ from their defaults, and what the engine resolved from the `auto`/`None`
-values it was given. Behind --api-key like every route but /health.
+values it was given; among those the CPU model and the kernel path each dtype takes
+(`resolved.kernel_paths`, as `radixkv.model.kernels.kernel_paths()` reports them in the engine's
+process), which benchmark reports record. Behind --api-key like every route but /health.
 """
 
 from __future__ import annotations
@@ -29,5 +31,10 @@ def install_config_route(app: FastAPI, state: Any) -> None:
 
     @app.get("/config")
     async def config() -> dict[str, Any]:
-        resolved = {"max_model_len": state.max_model_len, "model_name": state.model_name}
+        resolved = {
+            "max_model_len": state.max_model_len,
+            "model_name": state.model_name,
+            # Computed where the model runs (the engine's process in process mode).
+            "kernel_paths": getattr(state.engine, "kernel_paths", {}),
+        }
         return config_view(state.config, resolved)

@@ -62,6 +62,7 @@ class EngineClient(abc.ABC):
     last_metrics: EngineMetrics
     model_path: str | None  # the checkpoint directory the engine loaded (None: unknown)
     model_meta: dict[str, Any]  # `architectures` / `model_type` from its config.json
+    kernel_paths: dict[str, str]  # the CPU and kernel paths the engine took (empty: unknown)
 
     def __init__(self, max_inflight: int | None = None) -> None:
         self._max_inflight_arg = max_inflight
@@ -84,6 +85,7 @@ class EngineClient(abc.ABC):
         self._pid = info.pid
         self.model_path = info.model_path
         self.model_meta = dict(info.model_meta)
+        self.kernel_paths = dict(info.kernel_paths)
         cfg = info.config.scheduler
         # Past this many unfinished requests, refuse new ones (503) instead of queueing memory.
         self.max_inflight = self._max_inflight_arg or (

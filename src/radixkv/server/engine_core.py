@@ -129,6 +129,9 @@ class EngineInfo:
     # one, e.g. a test fake) and the `architectures` / `model_type` of its config.json.
     model_path: str | None = None
     model_meta: dict[str, Any] = field(default_factory=dict)
+    # The CPU model and the kernel path each dtype took in the engine's process (`kernel_paths()`
+    # of radixkv.model.kernels; empty for an engine without a model on the CPU).
+    kernel_paths: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def of(engine: Any, pid: int) -> EngineInfo:
@@ -147,7 +150,18 @@ class EngineInfo:
             pid=pid,
             model_path=str(path) if path is not None else None,
             model_meta=_checkpoint_meta(path),
+            kernel_paths=_kernel_paths(getattr(engine, "lm", None)),
         )
+
+
+def _kernel_paths(lm: Any) -> dict[str, str]:
+    """The kernel paths of this process, for a model that runs on the CPU (its kernels are
+    built and chosen by then, so this costs nothing); empty otherwise."""
+    if getattr(getattr(lm, "device", None), "type", None) != "cpu":
+        return {}
+    from radixkv.model.kernels import kernel_paths
+
+    return kernel_paths()
 
 
 def _checkpoint_meta(path: Any) -> dict[str, Any]:
