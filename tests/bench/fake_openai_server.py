@@ -13,6 +13,8 @@ from aiohttp import web
 FIRST_DELAY = 0.30  # before the first token
 TOKEN_DELAY = 0.05  # between tokens
 ERROR_MAX_TOKENS = 13  # the fake server answers 500 to this max_tokens
+# What its GET /config reports as `resolved.kernel_paths`, as a RadixKV server does.
+KERNEL_PATHS = {"cpu": "Fake CPU 9000", "kernels": "fake", "float32_gemm": "fma"}
 
 
 class FakeServer:
@@ -59,6 +61,9 @@ class FakeServer:
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "fake-1.0"})
 
+    async def config(self, request: web.Request) -> web.Response:
+        return web.json_response({"resolved": {"kernel_paths": KERNEL_PATHS}})
+
     async def flush(self, request: web.Request) -> web.Response:
         self.flushes += 1
         return web.json_response({"ok": True})
@@ -68,6 +73,7 @@ class FakeServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/version", self.version)
+        app.router.add_get("/config", self.config)
         app.router.add_post("/flush_cache", self.flush)
         self._runner = web.AppRunner(app)
         await self._runner.setup()

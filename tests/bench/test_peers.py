@@ -3,17 +3,28 @@ contract (against a stand-in `vllm` package), and the side-by-side table."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fake_openai_server import KERNEL_PATHS, FakeServer
+from test_tiny_model import SMALL
 
+from radixkv.bench import tiny_model
 from radixkv.bench.peer_server import PeerServer, vllm_env
 from radixkv.bench.peer_table import peers_table
-from radixkv.bench.peers import WORKLOADS, run_sglang_client, run_vllm_client
+from radixkv.bench.peers import (
+    WORKLOADS,
+    peers_model,
+    register,
+    run_sglang_client,
+    run_vllm_client,
+)
 
 HEALTH_SERVER = textwrap.dedent(
     """
@@ -76,13 +87,18 @@ FAKE_VLLM = textwrap.dedent(
 )
 
 
-def test_vllm_client_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in `vllm.benchmarks.serve` on the PYTHONPATH of the clients' subprocesses."""
     pkg = tmp_path / "site" / "vllm" / "benchmarks"
     pkg.mkdir(parents=True)
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "serve.py").write_text(FAKE_VLLM)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+
+
+def test_vllm_client_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_vllm(tmp_path, monkeypatch)
     res = run_vllm_client(sys.executable, "http://x", "m", "tok", "random", tmp_path, 7)
     assert res["duration"] == 2.5
     assert res["args"]["dataset_name"] == "random"
@@ -221,3 +237,68 @@ def test_peers_table_puts_each_of_our_engines_against_vllm() -> None:
     assert head + "| radixkv / vllm | radixkv-off / vllm |" in md
     assert "| random | vllm | bfloat16 | duration (s) | 10.0 | 7.0 | 8.0 | 0.70x | 0.80x |" in md
     assert OURS["radixkv-off"] == {"RADIXKV_CPU_KERNELS": "0"} and OURS["radixkv"] == {}
+
+
+def _peers_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["peers", "--vllm-python", sys.executable, *argv])
+
+
+def test_model_flag_names_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default_model_dir: Path
+) -> None:
+    """`--model` takes `default`, `1b` or a directory; `--model-dir` is the same flag."""
+    assert _peers_args().model == "default"
+    assert _peers_args("--model", "1b").model == "1b"
+    assert _peers_args("--model-dir", "/ckpt").model == "/ckpt"
+    assert peers_model("default") == str(default_model_dir)
+    assert peers_model("/ckpt") == "/ckpt"
+    monkeypatch.setenv("RADIXKV_CACHE_DIR", str(tmp_path))
+    small = tiny_model.SeededLlama("small-1b", {**tiny_model.LLAMA_1B.config, **SMALL})
+    monkeypatch.setitem(tiny_model.MODELS, "1b", small)
+    assert peers_model("1b") == str(tmp_path / "small-1b")
+    assert (tmp_path / "small-1b" / "tokenizer.json").exists()
+
+
+class _FakeEngineServer:
+    """`_server`'s contract (a context manager with `url` and `describe()`) on a FakeServer."""
+
+    def __init__(self, engine: str) -> None:
+        self.fake, self.engine, self.url = FakeServer(first_delay=0.0), engine, ""
+
+    def __enter__(self) -> _FakeEngineServer:
+        self.url = self.fake.__enter__().url
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fake.__exit__(*exc)
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": f"start {self.engine}", "startup_s": 0.0}
+
+
+def test_peers_json_and_table_carry_the_kernel_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole `bench peers` run on fake servers: our engines' kernel paths, fetched from their
+    servers' /config, land in the JSON beside the machine and in the table's header."""
+    from radixkv.bench import peers
+
+    _fake_vllm(tmp_path, monkeypatch)
+    monkeypatch.setattr(peers, "_server", lambda engine, *_: _FakeEngineServer(engine))
+    monkeypatch.setattr(peers, "run_our_client", lambda *_: _our(1.0, 0.1, 0.01))
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    args = _peers_args("--model", str(ckpt), "--dtypes", "float32", "--out", str(out))
+    args.workloads = "random"
+    assert peers._cmd_peers(args) == 0
+    result = json.loads((out / "peers.json").read_text())
+    assert result["kernel_paths"] == {"radixkv": KERNEL_PATHS}
+    assert result["machine"]["cpu"] and result["machine"]["cores"]
+    runs = {r["engine"]: r for r in result["runs"]}
+    assert runs["radixkv"]["kernel_paths"] == KERNEL_PATHS
+    assert "kernel_paths" not in runs["vllm"]  # a peer's server is not asked
+    assert runs["vllm"]["random"]["vllm_client"]["args"]["tokenizer"] == "$MODEL_DIR"
+    md = (out / "peers.md").read_text()
+    assert md.startswith(f"Machine: {result['machine']['cpu']}, ")
+    assert "radixkv kernel paths: kernels fake, float32_gemm fma." in md.splitlines()[0]

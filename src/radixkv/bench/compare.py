@@ -25,7 +25,7 @@ from typing import Any
 from radixkv.bench.compare_table import markdown_table
 from radixkv.bench.rounds import merge_rounds, order_lines, round_orders
 from radixkv.bench.serve import add_client_args, run_workload
-from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer
+from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer, get_json
 from radixkv.bench.tokens import TokenSource
 from radixkv.bench.trace_files import display_command
 from radixkv.bench.workload_cli import (
@@ -87,18 +87,6 @@ def _config_flags(name: str, server_args: list[str]) -> list[str]:
     return [*CONFIGS[name], *server_args]  # later flags win: --server-args can override CONFIGS
 
 
-def _get_json(url: str) -> dict[str, Any] | None:
-    """GET a JSON object, best effort (None on any failure)."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            obj = json.loads(r.read())
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def _columns(args: argparse.Namespace) -> dict[str, str | None]:
     """Column name → URL of an extra server, or None for one of our configurations (in order)."""
     specs: list[tuple[str, str | None]] = [(c, None) for c in args.configs.split(",") if c]
@@ -129,12 +117,12 @@ def _run_one(
         print(f"[{name}] starting server: {' '.join(flags)}", file=sys.stderr)
         with LocalServer(server_model, flags, out / log_name, args.startup_timeout) as srv:
             res = run_workload(args, srv.url, None, workload, tokens)
-            res["cache_stats"] = _get_json(srv.url + "/cache/stats")
+            res["cache_stats"] = get_json(srv.url + "/cache/stats")
             res["server"] = {"kind": "radixkv", "flags": flags, "startup_s": srv.startup_s}
     else:
         print(f"[{name}] running against {url}", file=sys.stderr)
         res = run_workload(args, url, None, workload, tokens)
-        version = _get_json(url.rstrip("/") + "/version")  # vLLM and SGLang answer this
+        version = get_json(url.rstrip("/") + "/version")  # vLLM and SGLang answer this
         res["server"] = {"kind": "extra", "url": url}
         if version and version.get("version"):
             res["server"]["version"] = str(version["version"])

@@ -55,9 +55,22 @@ def _medians(runs: list[dict[str, Any]], wl: str, client: str, metrics: Metrics)
     return out
 
 
+def machine_line(result: dict[str, Any]) -> str:
+    """What the run measured on: the CPU, cores and memory, and the kernel paths each of our
+    engines' server reported (empty for a result that records neither)."""
+    parts = []
+    m = result.get("machine") or {}
+    if m:
+        parts.append(f"Machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('memory_gib')} GiB.")
+    for engine, paths in (result.get("kernel_paths") or {}).items():
+        said = ", ".join(f"{k} {v}" for k, v in (paths or {}).items() if k != "cpu")
+        parts.append(f"{engine} kernel paths: {said or 'not reported'}.")
+    return " ".join(parts)
+
+
 def peers_table(result: dict[str, Any]) -> str:
     """Rows: workload x client x dtype x metric; columns: each engine, then radixkv / vllm.
-    With several rounds every cell is the median over them."""
+    With several rounds every cell is the median over them. Preceded by `machine_line`."""
     runs = result["runs"]
     engines = list(dict.fromkeys(r["engine"] for r in runs))
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -70,7 +83,9 @@ def peers_table(result: dict[str, Any]) -> str:
     ours = [e for e in engines if e.startswith("radixkv") and e != base] if base else []
     head = ["workload", "client", "dtype", "metric", *engines]
     head += [f"{e} / {base}" for e in ours]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    header = machine_line(result)
+    lines = [header, ""] if header else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for wl in workloads:
         clients = list(result["workloads"][wl] or ("vllm_client", "radixkv_client"))
         for client in clients:

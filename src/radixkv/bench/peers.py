@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from radixkv.bench.peer_server import PeerServer, vllm_env
-from radixkv.bench.server_proc import LocalServer, home_relative
+from radixkv.bench.server_proc import LocalServer, home_relative, served_kernel_paths
 
 # vLLM's benchmark client, run inside vLLM's virtualenv: its documented Python entry points.
 VLLM_CLIENT = (
@@ -155,12 +155,10 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
     Rounds rotate the engines' order, so a machine whose speed drifts (a shared host) weighs on
     both alike; the table reports each metric's median over the rounds."""
     from radixkv.bench.compare import machine_info
-    from radixkv.model.default import default_model_path
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.model_dir is None:
-        args.model_dir = str(default_model_path())
+    args.model_dir = peers_model(args.model)
     runs: list[dict[str, Any]] = []
     engines = args.engines.split(",")
     for rnd in range(args.rounds):
@@ -171,6 +169,8 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": shlex.join(["radixkv", *sys.argv[1:]]),
         "machine": machine_info(),
+        # Each of our engines' CPU model and kernel paths, as its server reported them.
+        "kernel_paths": {r["engine"]: r["kernel_paths"] for r in runs if "kernel_paths" in r},
         "rounds": args.rounds,
         "workloads": {
             k: {PEER_CLIENT[k]: v[0], "radixkv_client": v[1]} for k, v in WORKLOADS.items()
@@ -197,6 +197,8 @@ def _measure(
             "round": rnd + 1,
             "server": srv.describe(),
         }
+        if engine in OURS:
+            run["kernel_paths"] = served_kernel_paths(srv.url)
         for wl in args.workloads.split(","):
             peer = PEER_CLIENT[wl]
             print(f"{tag} {wl}: {peer}", file=sys.stderr)
@@ -209,6 +211,17 @@ def _measure(
             o = run_our_client(srv.url, model, args.model_dir, wl)
             run[wl] = {peer: v, "radixkv_client": o}
     return run
+
+
+def peers_model(name: str) -> str:
+    """`--model`: `default` → the embedded model's directory; `1b` (or `tiny`) → the seeded
+    checkpoint's, built on first use; anything else is a checkpoint directory, as given."""
+    from radixkv.bench.tiny_model import resolve_model
+    from radixkv.model.default import default_model_path
+
+    if name == "default":
+        return str(default_model_path())
+    return str(resolve_model(name))
 
 
 def table(result: dict[str, Any]) -> str:
@@ -272,7 +285,14 @@ def register(subparsers: Any) -> None:
         help="python of a virtualenv with SGLang's benchmark client (`pip install --no-deps "
         "sglang==0.4.10.post2` + its client's pure-Python deps); needed by the gsp workload",
     )
-    p.add_argument("--model-dir", default=None, help="HF checkpoint dir (default: embedded model)")
+    p.add_argument(
+        "--model",
+        "--model-dir",
+        default="default",
+        help="the checkpoint both engines serve: `default` (the embedded model), `1b` (a seeded "
+        "Llama-3.2-1B-shaped checkpoint with the default tokenizer, built once under the "
+        "converted-models folder), or an HF checkpoint directory",
+    )
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list")
     p.add_argument(
         "--engines",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -59,6 +60,25 @@ def healthy(url: str) -> bool:
             return bool(r.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def get_json(url: str) -> dict[str, Any] | None:
+    """GET a JSON object, best effort (None on any failure)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            obj = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def served_kernel_paths(url: str) -> dict[str, str] | None:
+    """The CPU model and kernel paths a running RadixKV server's engine took, as its `GET
+    /config` reports them (`resolved.kernel_paths`, computed in the engine's process); None
+    when the server does not say (another engine, an older RadixKV, a refused request)."""
+    body = get_json(url.rstrip("/") + "/config")
+    paths = (body or {}).get("resolved", {}).get("kernel_paths")
+    return {str(k): str(v) for k, v in paths.items()} if isinstance(paths, dict) else None
 
 
 def wait_healthy(
