@@ -71,8 +71,9 @@ def make_group(
 ) -> list[Request]:
     """The n choices of one request; choice 0 is scheduled, the others wait in its `forks`.
     Compiles the grammar first, so an unsupported schema is a RequestError before anything."""
-    schema = sampling.json_schema
-    matchers = [engine.grammar.matcher(schema) for _ in range(sampling.n)] if schema else None
+    lark = sampling.json_schema is None and sampling.grammar is not None
+    spec = sampling.grammar if lark else sampling.json_schema
+    matchers = [engine.grammar.matcher(spec, lark) for _ in range(sampling.n)] if spec else None
     group = [
         Request(
             request_id=rid,

@@ -1,5 +1,5 @@
-"""Structured output (JSON Schema) through llguidance: compile once per schema, one matcher per
-choice, a token mask per step.
+"""Structured output (JSON Schema, or a grammar in llguidance's Lark syntax) through llguidance:
+compile once per schema, one matcher per choice, a token mask per step.
 
 Grammar objects never leave the engine: requests carry the schema as JSON text
 (`SamplingParams.json_schema`), and `GrammarCompiler.matcher()` turns it into a fresh matcher state.
@@ -57,7 +57,12 @@ class GrammarCompiler:
             )
         return self._tok
 
-    def _compile(self, schema_text: str) -> llg.LLMatcher:
+    def _compile(self, schema_text: str, lark: bool = False) -> llg.LLMatcher:
+        if lark:
+            try:
+                return self._matcher(llg.LLMatcher.grammar_from_lark(schema_text), "grammar")
+            except ValueError as exc:
+                raise RequestError(f"invalid grammar: {exc}", param=_PARAM) from None
         try:
             schema = json.loads(schema_text)
         except json.JSONDecodeError as exc:
@@ -68,23 +73,28 @@ class GrammarCompiler:
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT_JSON)
         except ValueError as exc:
             raise RequestError(f"invalid JSON schema: {exc}", param=_PARAM) from None
+        return self._matcher(grammar, "JSON schema")
+
+    def _matcher(self, grammar: str, what: str) -> llg.LLMatcher:
         matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             # llguidance names the construct, e.g. 'Unimplemented keys: ["uniqueItems"]'.
-            raise RequestError(f"unsupported JSON schema: {matcher.get_error()}", param=_PARAM)
+            raise RequestError(f"unsupported {what}: {matcher.get_error()}", param=_PARAM)
         self.compiled += 1
         return matcher
 
-    def matcher(self, schema_text: str) -> Matcher:
-        """A fresh matcher for one choice; raises RequestError(400) naming what is unsupported."""
-        proto = self._cache.get(schema_text)
+    def matcher(self, schema_text: str, lark: bool = False) -> Matcher:
+        """A fresh matcher for one choice (`lark`: the text is a Lark grammar, not a JSON
+        schema); raises RequestError(400) naming what is unsupported."""
+        key = ("lark:" if lark else "schema:") + schema_text
+        proto = self._cache.get(key)
         if proto is None:
-            proto = self._compile(schema_text)
-            self._cache[schema_text] = proto
+            proto = self._compile(schema_text, lark)
+            self._cache[key] = proto
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         else:
-            self._cache.move_to_end(schema_text)
+            self._cache.move_to_end(key)
         return Matcher(proto.deep_copy(), self.vocab_size)
 
 

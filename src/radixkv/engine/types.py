@@ -75,8 +75,10 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI: minus this once for any token already generated
     frequency_penalty: float = 0.0  # OpenAI: minus this per earlier occurrence in the output
     repetition_penalty: float = 1.0  # HF/vLLM: >1 discourages prompt+output tokens
-    # Structured output: a JSON Schema as JSON text (plain data: the engine compiles it).
+    # Structured output: a JSON Schema as JSON text (plain data: the engine compiles it), or
+    # a grammar in llguidance's Lark syntax (e.g. tool calls inside free text); not both.
     json_schema: str | None = None
+    grammar: str | None = None
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -99,6 +101,8 @@ class SamplingParams:
             raise RequestError("top_p must be in (0, 1]", param="top_p")
         if self.top_k < -1:
             raise RequestError("top_k must be -1 (off) or >= 0", param="top_k")
+        if self.json_schema is not None and self.grammar is not None:
+            raise RequestError("a JSON schema and a grammar cannot both constrain one request")
 
     @property
     def greedy(self) -> bool:
@@ -113,6 +117,7 @@ class SamplingParams:
             or self.frequency_penalty
             or self.repetition_penalty != 1.0
             or self.json_schema is not None
+            or self.grammar is not None
         )
 
 

@@ -47,7 +47,7 @@ from radixkv.server.protocol import (
 from radixkv.server.serving import Generation, Kind
 from radixkv.server.sessions import SessionTracker
 from radixkv.server.tool_parsers import parser_for_template
-from radixkv.server.tools import ToolPlan, output_parser, render_with_tools
+from radixkv.server.tools import ToolPlan, auto_grammar, output_parser, render_with_tools
 
 log = logging.getLogger("radixkv.server")
 
@@ -132,7 +132,11 @@ def create_app(
 
 
 def _sampling_for(
-    state: ServerState, kind: Kind, req: Any, prompt_ids: list[int]
+    state: ServerState,
+    kind: Kind,
+    req: Any,
+    prompt_ids: list[int],
+    tool_plan: ToolPlan | None = None,
 ) -> SamplingParams:
     """The request's SamplingParams for this prompt (400 if the prompt fills the context)."""
     default_max = DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS
@@ -146,7 +150,10 @@ def _sampling_for(
                 code="context_length_exceeded",
             )
         default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
-    return req.sampling(default_max, state.vocab_size)
+    params: SamplingParams = req.sampling(default_max, state.vocab_size)
+    if tool_plan is not None and tool_plan.grammar is not None and params.json_schema is None:
+        params = dataclasses.replace(params, grammar=tool_plan.grammar)
+    return params
 
 
 async def _generate(
@@ -159,13 +166,14 @@ async def _generate(
 ) -> Response:
     """Submit a tokenized request and answer it as JSON or as an SSE stream."""
     t0 = time.perf_counter()
-    sampling = _sampling_for(state, kind, req, prompt_ids)
+    sampling = _sampling_for(state, kind, req, prompt_ids, tool_plan)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     try:
         stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
     except RequestError as exc:  # the grammar of a forced tool_choice comes from the tools
-        if tool_plan is not None and tool_plan.forced and exc.param == "response_format":
+        from_tools = tool_plan is not None and (tool_plan.forced or tool_plan.grammar)
+        if from_tools and exc.param == "response_format":
             msg = str(exc).replace("JSON schema", "tool schema")
             raise RequestError(msg, exc.code, "tools") from None
         raise
@@ -281,19 +289,32 @@ def _tool_plan(state: ServerState, req: ChatCompletionRequest) -> ToolPlan | Non
             param="tool_choice",
             code="unsupported",
         )
-    return ToolPlan(parser, single=not req.parallel_tool_calls, forced=mode != "auto")
+    grammar = None
+    if mode == "auto" and req.response_format in (None, {"type": "text"}):
+        grammar = auto_grammar(state.tool_call_parser, req.tools or [])
+    forced = mode != "auto"
+    return ToolPlan(parser, single=not req.parallel_tool_calls, forced=forced, grammar=grammar)
 
 
-def _rendered(state: ServerState, kind: Kind, req: Any, prompt_ids: list[int]) -> dict[str, Any]:
+def _rendered(
+    state: ServerState,
+    kind: Kind,
+    req: Any,
+    prompt_ids: list[int],
+    tool_plan: ToolPlan | None = None,
+) -> dict[str, Any]:
     """A request as the engine would get it, in vLLM's `GenerateRequest` shape (what its
     `/render` routes answer): the prompt's token ids and the resolved sampling parameters."""
-    sampling = _sampling_for(state, kind, req, prompt_ids)
+    sampling = _sampling_for(state, kind, req, prompt_ids, tool_plan)
     params = dataclasses.asdict(sampling)
     params["stop"] = list(sampling.stop)
     params["stop_token_ids"] = list(sampling.stop_token_ids)
     params["logit_bias"] = {str(t): b for t, b in sampling.logit_bias} or None
     schema = params.pop("json_schema")
     params["structured_outputs"] = {"json": json.loads(schema)} if schema else None
+    grammar = params.pop("grammar")
+    if grammar is not None:
+        params["structured_outputs"] = {"grammar": grammar}
     options = req.options()
     return {
         "request_id": f"render-{uuid.uuid4().hex}",
@@ -329,8 +350,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> dict[str, Any]:
-        req, ids, _ = await _parse_chat(state, request)
-        return _rendered(state, "chat", req, ids)
+        req, ids, plan = await _parse_chat(state, request)
+        return _rendered(state, "chat", req, ids, plan)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

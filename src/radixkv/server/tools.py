@@ -10,6 +10,9 @@ tool list through the model's own chat template.
             of one or more `{"name", "arguments"}` objects, each valid for its tool's schema;
             one only when `parallel_tool_calls` is false
   named     the output is forced to the arguments object of that function
+Under `auto` a call, once its format's start marker appears in the text (`<tool_call>` for hermes,
+`{"name":` for llama3_json), is constrained to a given tool's name and schema by a lazy llguidance
+grammar; the text around calls stays free (pythonic calls are not constrained).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Literal
 import jinja2
 import jsonschema
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from llguidance import StructTag
 from pydantic import BaseModel, ConfigDict
 
 from radixkv.server.errors import APIError
@@ -194,6 +198,33 @@ class ToolPlan:
     parser: ToolParser
     single: bool
     forced: bool = False
+    grammar: str | None = None  # the lazy grammar of `auto` calls (llguidance Lark)
+
+
+# Per format: (trigger, how a call of NAME begins after it, how it ends) for `auto` grammars.
+_CALL_SHAPES = {
+    "hermes": ("<tool_call>", '<tool_call>\n{{"name": "{}", "arguments": ', "}\n</tool_call>"),
+    "llama3_json": ('{"name":', '{{"name": "{}", "parameters": ', "}"),
+}
+
+
+def auto_grammar(parser: str | None, tools: list[ToolSpec]) -> str | None:
+    """A grammar that leaves text free but holds every call of format `parser`, from its start
+    marker on, to one of `tools` with arguments valid for its schema (None: not for this format)."""
+    shape = _CALL_SHAPES.get(parser or "")
+    if shape is None or not tools:
+        return None
+    trigger, begin, end = shape
+    tags = [
+        StructTag(
+            trigger=trigger,
+            begin=begin.format(t.function.name),
+            grammar=parameters_of(t),
+            end=end,
+        )
+        for t in tools
+    ]
+    return StructTag.to_grammar(tags, assume_special=False)
 
 
 def output_parser(mode: Mode, name: str | None, configured: str | None) -> ToolParser | None:

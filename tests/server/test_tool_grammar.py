@@ -1,0 +1,120 @@
+"""`tool_choice: auto` grammars: free text, and once a call's start marker appears, only a given
+tool's name and schema-valid arguments. Checked token by token on the engine's own grammar
+compiler (llguidance) with the SmolLM2 tokenizer, then through a real server."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import live_server
+from tokenizers import Tokenizer
+
+from radixkv.engine.engine import Engine
+from radixkv.engine.grammar import GrammarCompiler
+from radixkv.engine.types import EngineConfig
+from radixkv.server.tools import ToolSpec, auto_grammar
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "maximum": 14}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time"}},
+]
+SPECS = [ToolSpec.model_validate(t) for t in TOOLS]
+HERMES_OK = [
+    "Just text, no call at all.",
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+    '"days": 3}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+    '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 14}}\n</tool_call>Done.',
+]
+HERMES_BAD = [  # each one complete: only the tools' names and schemas refuse it
+    '<tool_call>\n{"name": "get_wether", "arguments": {}}\n</tool_call>',  # no such tool
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 99}}\n'
+    "</tool_call>",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5, "days": 1}}\n</tool_call>',
+]
+LLAMA3_OK = ['{"name": "get_weather", "parameters": {"city": "Rome", "days": 1}}', "Hi there"]
+LLAMA3_BAD = ['{"name": "get_weather", "parameters": {"town": "Rome"}}']
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_model_dir: Callable[..., Path]) -> tuple[GrammarCompiler, Tokenizer]:
+    path = tiny_model_dir("llama") / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    return GrammarCompiler(path.read_text(), tok.get_vocab_size(), [2]), tok
+
+
+def _accepts(compiler: tuple[GrammarCompiler, Tokenizer], grammar: str, text: str) -> bool:
+    """True if every token of `text` is allowed in turn; False if one is refused (the output
+    may end after every text here, so failing only at its end is a test error)."""
+    gc, tok = compiler
+    matcher = gc.matcher(grammar, lark=True)
+    for token in tok.encode(text, add_special_tokens=False).ids:
+        if not bool(matcher.allowed()[token]):
+            return False
+        matcher.advance(token)
+    assert bool(matcher.allowed()[2]), "a whole text must be allowed to end"
+    return True
+
+
+@pytest.mark.parametrize(
+    "parser,text,ok",
+    [("hermes", t, True) for t in HERMES_OK]
+    + [("hermes", t, False) for t in HERMES_BAD]
+    + [("llama3_json", t, True) for t in LLAMA3_OK]
+    + [("llama3_json", t, False) for t in LLAMA3_BAD],
+)
+def test_auto_grammar_frees_text_and_holds_calls_to_the_tools(
+    compiler: tuple[GrammarCompiler, Tokenizer], parser: str, text: str, ok: bool
+) -> None:
+    grammar = auto_grammar(parser, SPECS)
+    assert grammar is not None
+    assert _accepts(compiler, grammar, text) is ok
+
+
+def test_no_auto_grammar_for_pythonic_or_without_tools() -> None:
+    assert auto_grammar("pythonic", SPECS) is None
+    assert auto_grammar("hermes", []) is None
+    assert auto_grammar(None, SPECS) is None
+
+
+def test_auto_requests_carry_the_grammar_and_run(
+    tiny_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Through a server whose --tool-call-parser is hermes (its template names no format): the
+    grammar compiles in the engine and the request is served; a response_format replaces it."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), model)
+    (model / "chat_template.jinja").write_text("{{ tools | tojson }}{{ messages[0].content }}")
+    cfg = EngineConfig(num_slots=4096, max_model_len=1024, seed=0, tool_call_parser="hermes")
+    with live_server(Engine(str(model), cfg), "m") as srv:
+        assert srv.state.tool_call_parser == "hermes"
+        body: dict[str, Any] = {
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": TOOLS,
+            "max_tokens": 24,
+            "temperature": 1.0,
+            "seed": 1,
+        }
+        rendered = httpx.post(srv.url + "/v1/chat/completions/render", json=body).json()
+        structured = rendered["sampling_params"]["structured_outputs"]
+        assert structured == {"grammar": auto_grammar("hermes", SPECS)}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+        body["response_format"] = {"type": "json_object"}
+        rendered = httpx.post(srv.url + "/v1/chat/completions/render", json=body).json()
+        assert rendered["sampling_params"]["structured_outputs"] == {"json": {"type": "object"}}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
