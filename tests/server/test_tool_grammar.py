@@ -4,16 +4,20 @@ compiler (llguidance) with the SmolLM2 tokenizer, then through a real server."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
+import openai
 import pytest
 from server_harness import live_server
 from tokenizers import Tokenizer
 
+import radixkv.server.app as app_module
 from radixkv.engine.engine import Engine
 from radixkv.engine.grammar import GrammarCompiler
 from radixkv.engine.types import EngineConfig
@@ -118,3 +122,62 @@ def test_auto_requests_carry_the_grammar_and_run(
         assert rendered["sampling_params"]["structured_outputs"] == {"json": {"type": "object"}}
         r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
+
+
+def _json(schema: dict[str, Any]) -> str:
+    """`%json` of a schema, spaced as json.dumps spaces (so the text is what models write)."""
+    spacing = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return "%json " + json.dumps({**schema, "x-guidance": spacing})
+
+
+SMALL = {
+    **WEATHER,
+    "properties": {**WEATHER["properties"], "city": {"type": "string", "pattern": "^[a-z]{1,8}$"}},
+}
+# Grammars that make the noise model write one format exactly (given in place of the auto one).
+FORCE = {
+    "hermes": 'start: "Sure.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": "'
+    f' {_json(SMALL)} "}}\\n</tool_call>"',
+    "llama3_json": 'start: "{\\"name\\": \\"get_weather\\", \\"parameters\\": "'
+    f' {_json(SMALL)} "}}"',
+    "pythonic": 'start: "[get_time(), get_weather(city=\\"" /[a-z]{1,8}/ "\\", days=" /[1-9]/ ")]"',
+}
+
+
+@pytest.mark.parametrize("parser", list(FORCE))
+def test_auto_round_trips_each_format_through_the_server(
+    tiny_model_dir: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parser: str,
+) -> None:
+    """The model writes the format (a grammar forces it here, in place of the auto grammar);
+    the server reads it back into tool_calls, whole and streamed, with the `openai` client."""
+    monkeypatch.setattr(app_module, "auto_grammar", lambda *_: FORCE[parser])
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), model)
+    (model / "chat_template.jinja").write_text("{{ tools | tojson }}{{ messages[0].content }}")
+    cfg = EngineConfig(num_slots=4096, max_model_len=1024, seed=0, tool_call_parser=parser)
+    with live_server(Engine(str(model), cfg), "m") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        args: dict[str, Any] = dict(model="m", messages=[{"role": "user", "content": "go"}],
+                                    tools=TOOLS, temperature=0, max_tokens=80)  # fmt: skip
+        whole = client.chat.completions.create(**args).choices[0]
+        assert whole.finish_reason == "tool_calls", whole.message
+        calls = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or []]
+        assert [n for n, _ in calls] == (["get_time"] if parser == "pythonic" else []) + [
+            "get_weather"
+        ]
+        jsonschema.validate(json.loads(calls[-1][1]), SMALL)
+        assert whole.message.content == ("Sure.\n" if parser == "hermes" else None)
+        content, parts, finish = "", {}, None
+        for chunk in client.chat.completions.create(**args, stream=True):
+            for ch in chunk.choices:
+                finish = ch.finish_reason or finish
+                content += ch.delta.content or ""
+                for d in ch.delta.tool_calls or []:
+                    part = parts.setdefault(d.index, ["", ""])
+                    part[0] += (d.function and d.function.name) or ""
+                    part[1] += (d.function and d.function.arguments) or ""
+        assert finish == "tool_calls" and content == (whole.message.content or "")
+        assert [(p[0], p[1]) for _, p in sorted(parts.items())] == calls
