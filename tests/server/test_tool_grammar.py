@@ -4,6 +4,7 @@ compiler (llguidance) with the SmolLM2 tokenizer, then through a real server."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Callable
@@ -21,6 +22,8 @@ import radixkv.server.app as app_module
 from radixkv.engine.engine import Engine
 from radixkv.engine.grammar import GrammarCompiler
 from radixkv.engine.types import EngineConfig
+from radixkv.server.engine_proc import ProcessEngine
+from radixkv.server.launch import close_server_engine
 from radixkv.server.tools import ToolSpec, auto_grammar
 
 WEATHER = {
@@ -181,3 +184,34 @@ def test_auto_round_trips_each_format_through_the_server(
                     part[1] += (d.function and d.function.arguments) or ""
         assert finish == "tool_calls" and content == (whole.message.content or "")
         assert [(p[0], p[1]) for _, p in sorted(parts.items())] == calls
+
+
+def test_tool_calls_through_the_engine_process(
+    tiny_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """As `radixkv serve` runs: the engine in its own process (grammars cross ZeroMQ as text)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), model)
+    (model / "chat_template.jinja").write_text("{{ tools | tojson }}{{ messages[0].content }}")
+    cfg = EngineConfig(num_slots=4096, max_model_len=1024, seed=0, tool_call_parser="hermes")
+    engine = ProcessEngine(functools.partial(Engine, str(model), cfg)).launch()
+    try:
+        with live_server(engine, "m") as srv:
+            assert srv.state.tool_call_parser == "hermes"
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SMALL}},
+                     TOOLS[1]]  # fmt: skip
+            ask: dict[str, Any] = dict(model="m", messages=[{"role": "user", "content": "go"}],
+                                       tools=tools, max_tokens=100, seed=3)  # fmt: skip
+            forced = client.chat.completions.create(
+                **ask, tool_choice="required", parallel_tool_calls=False, n=4
+            )
+            for c in forced.choices:
+                assert c.finish_reason == "tool_calls", c.message
+                for t in c.message.tool_calls or []:
+                    schema = SMALL if t.function.name == "get_weather" else {"maxProperties": 0}
+                    jsonschema.validate(json.loads(t.function.arguments), schema)
+            auto = client.chat.completions.create(**ask)  # with the auto grammar
+            assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        close_server_engine(engine)

@@ -39,7 +39,12 @@ from radixkv.server.tool_parsers import (
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+# OpenAI: a function without `parameters` takes none (so a forced call's arguments are `{}`).
+EMPTY_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {},
+    "additionalProperties": False,
+}
 
 
 class FunctionSpec(BaseModel):
