@@ -18,7 +18,7 @@ import pytest
 from server_harness import live_server
 from tokenizers import Tokenizer
 
-import radixkv.server.app as app_module
+import radixkv.server.prompts as prompts_module
 from radixkv.engine.engine import Engine
 from radixkv.engine.grammar import GrammarCompiler
 from radixkv.engine.types import EngineConfig
@@ -156,7 +156,7 @@ def test_auto_round_trips_each_format_through_the_server(
 ) -> None:
     """The model writes the format (a grammar forces it here, in place of the auto grammar);
     the server reads it back into tool_calls, whole and streamed, with the `openai` client."""
-    monkeypatch.setattr(app_module, "auto_grammar", lambda *_: FORCE[parser])
+    monkeypatch.setattr(prompts_module, "auto_grammar", lambda *_: FORCE[parser])
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir("llama"), model)
     (model / "chat_template.jinja").write_text("{{ tools | tojson }}{{ messages[0].content }}")

@@ -112,6 +112,15 @@ class Engine:
             self._grammar = choices.make_grammar(self)
         return self._grammar
 
+    def kernel_paths(self) -> dict[str, str]:
+        """The CPU model and the kernel path each dtype takes in this process, as benchmark
+        reports record them (radixkv.model.kernels.kernel_paths); empty off the CPU."""
+        if not str(self.device).startswith("cpu"):
+            return {}
+        from radixkv.model.kernels import kernel_paths
+
+        return kernel_paths()
+
     @property
     def tiers(self) -> TierManager | None:
         """The host/storage tiers, or None when the config asks for none."""

@@ -12,7 +12,6 @@ an OpenAI-style 4xx body, never FastAPI's 422.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import json
@@ -38,22 +37,17 @@ from radixkv.server.engine_client import EngineClient
 from radixkv.server.gateway import install_gateway_routes
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
-from radixkv.server.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_body,
-)
+from radixkv.server.prompts import parse_chat, parse_completion
+from radixkv.server.protocol import APIError
 from radixkv.server.serving import Generation, Kind
 from radixkv.server.sessions import SessionTracker
 from radixkv.server.tool_parsers import parser_for_template
-from radixkv.server.tools import ToolPlan, auto_grammar, output_parser, render_with_tools
+from radixkv.server.tools import ToolPlan
 
 log = logging.getLogger("radixkv.server")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512
-MAX_BODY_BYTES = 32 * 2**20  # far above any context we serve; bounds memory per request
 
 
 class ServerState:
@@ -208,94 +202,6 @@ async def _generate(
     return JSONResponse(await gen.collect(request))
 
 
-async def _read_body(request: Request) -> bytes:
-    """The request body, refusing (413) anything larger than MAX_BODY_BYTES before buffering it."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(f"request body over {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(f"request body over {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
-    prompt = req.prompt_text_or_ids()
-    if isinstance(prompt, str):
-        ids = list(state.tokenizer.encode(prompt, req.add_special_tokens))
-    else:
-        ids = prompt
-        bad = [t for t in ids if not 0 <= t < state.vocab_size]
-        if bad:
-            raise APIError(
-                f"prompt token id {bad[0]} is outside the vocabulary [0, {state.vocab_size})",
-                param="prompt",
-                code="invalid_value",
-            )
-    if not ids:
-        raise APIError("prompt is empty", param="prompt", code="invalid_value")
-    return ids
-
-
-async def _parse_completion(
-    state: ServerState, request: Request
-) -> tuple[CompletionRequest, list[int]]:
-    """A /v1/completions body, checked, and its prompt's token ids."""
-    req = parse_body(CompletionRequest, await _read_body(request))
-    state.check_model(req.model)
-    req.check(state.vocab_size)
-    # Tokenizing a long prompt takes milliseconds: keep it off the event loop.
-    return req, await asyncio.to_thread(_completion_prompt, state, req)
-
-
-async def _parse_chat(
-    state: ServerState, request: Request
-) -> tuple[ChatCompletionRequest, list[int], ToolPlan | None]:
-    """A /v1/chat/completions body, checked, its messages (and tools) rendered by the chat
-    template, and how its output is read for tool calls (None: as plain content)."""
-    req = parse_body(ChatCompletionRequest, await _read_body(request))
-    state.check_model(req.model)
-    req.check(state.vocab_size)
-    try:
-        if req.uses_tools:
-            text = await asyncio.to_thread(
-                render_with_tools, state.tokenizer, req.template_messages(), req.tools
-            )
-            ids = await asyncio.to_thread(state.tokenizer.encode, text)
-        else:
-            ids = await asyncio.to_thread(
-                state.tokenizer.apply_chat_template, req.template_messages(), True
-            )
-    except APIError:
-        raise
-    except Exception as exc:  # template errors (e.g. role order) are the caller's input
-        raise APIError(f"chat template failed: {exc}", param="messages") from None
-    return req, list(ids), _tool_plan(state, req)
-
-
-def _tool_plan(state: ServerState, req: ChatCompletionRequest) -> ToolPlan | None:
-    """The parser for this request's output; 400 for `auto` when no format is known."""
-    mode, name = req.tool_mode()
-    if mode == "none":
-        return None
-    parser = output_parser(mode, name, state.tool_call_parser)
-    if parser is None:
-        raise APIError(
-            "tool_choice 'auto' needs the model's tool-call format, which its chat template does "
-            "not reveal: start the server with --tool-call-parser",
-            param="tool_choice",
-            code="unsupported",
-        )
-    grammar = None
-    if mode == "auto" and req.response_format in (None, {"type": "text"}):
-        grammar = auto_grammar(state.tool_call_parser, req.tools or [])
-    forced = mode != "auto"
-    return ToolPlan(parser, single=not req.parallel_tool_calls, forced=forced, grammar=grammar)
-
-
 def _rendered(
     state: ServerState,
     kind: Kind,
@@ -333,24 +239,24 @@ def _rendered(
 def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req, ids = await _parse_completion(state, request)
+        req, ids = await parse_completion(state, request)
         return await _generate(state, request, "completion", req, ids)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req, ids, plan = await _parse_chat(state, request)
+        req, ids, plan = await parse_chat(state, request)
         return await _generate(state, request, "chat", req, ids, plan)
 
     # The prompt token ids a request would run with, without running it (vLLM's render routes,
     # which vllm-router's kv_aware policy calls to hash a prompt the way the engine will see it).
     @app.post("/v1/completions/render")
     async def render_completion(request: Request) -> list[dict[str, Any]]:
-        req, ids = await _parse_completion(state, request)
+        req, ids = await parse_completion(state, request)
         return [_rendered(state, "completion", req, ids)]  # one per prompt, as vLLM answers
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(request: Request) -> dict[str, Any]:
-        req, ids, plan = await _parse_chat(state, request)
+        req, ids, plan = await parse_chat(state, request)
         return _rendered(state, "chat", req, ids, plan)
 
     @app.get("/v1/models")

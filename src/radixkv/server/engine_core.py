@@ -150,18 +150,15 @@ class EngineInfo:
             pid=pid,
             model_path=str(path) if path is not None else None,
             model_meta=_checkpoint_meta(path),
-            kernel_paths=_kernel_paths(getattr(engine, "lm", None)),
+            kernel_paths=_kernel_paths(engine),
         )
 
 
-def _kernel_paths(lm: Any) -> dict[str, str]:
-    """The kernel paths of this process, for a model that runs on the CPU (its kernels are
-    built and chosen by then, so this costs nothing); empty otherwise."""
-    if getattr(getattr(lm, "device", None), "type", None) != "cpu":
-        return {}
-    from radixkv.model.kernels import kernel_paths
-
-    return kernel_paths()
+def _kernel_paths(engine: Any) -> dict[str, str]:
+    """The kernel paths of the engine's process (its kernels are built and chosen by then, so
+    this costs nothing); empty for an engine that does not report them (a test fake)."""
+    report = getattr(engine, "kernel_paths", None)
+    return dict(report()) if callable(report) else {}
 
 
 def _checkpoint_meta(path: Any) -> dict[str, Any]:
