@@ -115,15 +115,22 @@ class Tokenizer:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The chat template applied to `messages`, as text."""
+        """The chat template applied to `messages` (and `tools`, OpenAI's function specs, as
+        transformers' `apply_chat_template(tools=...)` passes them), as text."""
         if self._template is None:
             raise ValueError("this tokenizer has no chat template")
         tokens = {k: v for k, v in self.special_tokens.items() if v is not None}
         return str(
             self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **tokens
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **tokens,
             )
         )
 

@@ -17,16 +17,12 @@ grammar; the text around calls stays free (pythonic calls are not constrained).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
-import jinja2
 import jsonschema
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llguidance import StructTag
 from pydantic import BaseModel, ConfigDict
 
@@ -243,27 +239,6 @@ def output_parser(mode: Mode, name: str | None, configured: str | None) -> ToolP
     return None
 
 
-@functools.lru_cache(maxsize=8)
-def _compiled(source: str) -> jinja2.Template:
-    """A chat template compiled as transformers compiles it (sandbox, trim/lstrip blocks)."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-
-    def tojson(
-        x: Any, ensure_ascii: bool = False, indent: Any = None, sort_keys: bool = False
-    ) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
-
-
 def render_with_tools(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[ToolSpec] | None
 ) -> str:
@@ -283,14 +258,9 @@ def render_with_tools(
             param="messages",
             code="unsupported",
         )
-    specials = {k: v for k, v in getattr(tokenizer, "special_tokens", {}).items() if v is not None}
     tool_list = None
     if tools:
         tool_list = [t.model_dump(exclude_none=True) for t in tools]
         for spec, tool in zip(tool_list, tools, strict=True):
             spec["function"]["parameters"] = parameters_of(tool)
-    return str(
-        _compiled(source).render(
-            messages=messages, tools=tool_list, add_generation_prompt=True, **specials
-        )
-    )
+    return str(tokenizer.render_chat(messages, True, tools=tool_list))
