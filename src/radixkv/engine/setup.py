@@ -39,15 +39,9 @@ def resolve_device(device: str) -> str:
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 dot products natively (AVX512-BF16 or AMX-BF16), from
     the Linux flags in /proc/cpuinfo (False where they cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    from radixkv.model.kernels.paths import cpu_flags
+
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:

@@ -72,12 +72,7 @@ SOURCES = [
 def _cpu_tag() -> str:
     """A short hash of the CPU's flags: a build made with -march=native is only reused on a CPU
     with the same instruction sets."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        pass
+    flags = " ".join(sorted(paths.cpu_flags()))
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 

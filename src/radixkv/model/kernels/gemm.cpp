@@ -130,13 +130,11 @@ std::vector<std::string> bf16_gemm_paths() {
 }
 
 void set_bf16_gemm(const std::string& name) {
-  for (const auto& p : bf16_gemm_paths())
-    if (p == name) {
-      for (int i = 0; i < 3; ++i)
-        if (name == kBf16Paths[i]) g_bf16_path.store(i);
-      return;
-    }
-  TORCH_CHECK(false, "bfloat16 GEMM path '", name, "' is not served on this CPU");
+  const auto served = bf16_gemm_paths();
+  const bool ok = std::find(served.begin(), served.end(), name) != served.end();
+  TORCH_CHECK(ok, "bfloat16 GEMM path '", name, "' is not served on this CPU");
+  for (int i = 0; i < 3; ++i)
+    if (name == kBf16Paths[i]) g_bf16_path.store(i);
 }
 
 std::string bf16_gemm() { return gemm_bf16_supported() ? kBf16Paths[bf16_path()] : ""; }

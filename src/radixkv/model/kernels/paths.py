@@ -116,7 +116,7 @@ ISA_FLAGS = {"avx512": ("avx512f", "avx512bw", "avx512vl"), "avx2": ("avx2", "fm
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (/proc/cpuinfo), empty where there are none."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         return set()
