@@ -111,6 +111,37 @@ def test_attention_is_the_same_whatever_the_chunks(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 1, 256), (6, 2, 16)])
+@pytest.mark.parametrize("window", [0, 100, 700])
+def test_long_contexts_group_rows_without_changing_bits(
+    dtype: torch.dtype, heads: tuple[int, int, int], window: int
+) -> None:
+    """From 1,024 keys on, the extend kernel works on up to four sub-blocks of query rows per
+    item, sharing each key block it loads; a chunk that ends below that length takes one
+    sub-block per item. Both, and the decode kernel, give each row the same bits: the whole
+    prompt vs chunks that straddle the threshold (odd lengths, so bfloat16's last key pair of a
+    sub-block is half a pair while the block loaded for the item goes on)."""
+    m = _module()
+    rng = random.Random(heads[2] * 7 + window)
+    length = rng.randrange(1100, 1400) | 1
+    q, k, v, slots = _problem(length + heads[0], dtype, heads, length, paged=True)
+    whole = _extend(m, q, k, v, slots, [length], window)
+    for chunks in ([1023, length - 1023], [517, 600, length - 1117], [length - 1, 1]):
+        assert torch.equal(_extend(m, q, k, v, slots, chunks, window), whole), chunks
+    for p in (1022, 1023, 1100, length - 1):
+        dec = m.decode_attention(
+            q[p : p + 1].contiguous(),
+            k,
+            v,
+            slots[: p + 1].view(1, -1),
+            torch.tensor([p + 1]),
+            window,
+            0.125,
+        )
+        assert torch.equal(dec[0], whole[p]), p
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_rows_do_not_depend_on_their_batch(dtype: torch.dtype) -> None:
     """A request's decode output alone equals its row among others of other lengths."""
     m = _module()

@@ -20,7 +20,7 @@ struct BF16Products {
   static void load_q(const Problem& P, const c10::BFloat16* q, const Item& it, int64_t rows,
                      Scratch& w) {
     const int64_t G = P.G, D2 = P.D / 2;
-    uint32_t* qt2 = w.qt2.data();
+    uint32_t* qt2 = w.qt2;
     std::fill(qt2, qt2 + D2 * kRows, 0u);
     for (int64_t ri = 0; ri < rows; ++ri) {
       const c10::BFloat16* row =
@@ -52,7 +52,7 @@ struct BF16Products {
   template <int RV>
   static void scores(const Problem& P, int64_t nk, Scratch& w) {
     const int64_t D2 = P.D / 2;
-    const uint32_t* qt2 = w.qt2.data();
+    const uint32_t* qt2 = w.qt2;
     const uint32_t* kb2 = w.kb2.data();
     float* st = w.st.data();
     const __m512 scale = _mm512_set1_ps(P.scale);
@@ -97,7 +97,7 @@ struct BF16Products {
     const float* pt = w.st.data();
     uint32_t* pt2 = w.pt2.data();
     const uint32_t* vb2 = w.vb2.data();
-    float* ot = w.ot.data();
+    float* ot = w.ot;
     const __m512i idx = interleave_idx();
     for (int64_t cp = 0; cp < np; ++cp)
       for (int v = 0; v < RV; ++v) {
@@ -118,8 +118,11 @@ struct BF16Products {
           p[v] = _mm512_loadu_si512(pt2 + cp * kRows + v * 16);
           keep(p[v]);
         }
+        // With nk odd, the last pair's high half may hold key nk (loaded for a later sub-block
+        // of the item): it is cleared, as the zero padding of a block of nk keys would be.
+        const uint32_t half = 2 * cp + 1 < nk ? 0xFFFFFFFFu : 0x0000FFFFu;
         for (int i = 0; i < 4; ++i) {
-          const __m512i vv = _mm512_set1_epi32(static_cast<int>(vb2[cp * D + d + i]));
+          const __m512i vv = _mm512_set1_epi32(static_cast<int>(vb2[cp * D + d + i] & half));
           for (int v = 0; v < RV; ++v)
             acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)vv, (__m512bh)p[v]);
         }

@@ -39,23 +39,53 @@ struct Problem {
   const int64_t* q_start;    // [R] first row of request r in q / out
   const int64_t* new_len;    // [R] e
   const int64_t* prefix;     // [R] position of the first new token
+  int64_t bt = 1;            // query tokens per sub-block (kRows / G)
 };
 
 struct Item {
   int64_t r, h, t0, t1, cost;  // request, KV head, its query tokens [t0, t1), work estimate
 };
 
+// Sub-block g of an item whose sub-blocks hold `bt` query tokens each.
+inline Item sub_item(const Item& it, int64_t bt, int64_t g) {
+  return {it.r, it.h, it.t0 + g * bt, std::min(it.t1, it.t0 + (g + 1) * bt), 0};
+}
+
+// Query rows are worked on in groups of up to kRows ("sub-blocks"); an item holds up to kGroups
+// of them, which share every key block loaded from the pool (long contexts: each K/V block is
+// read from memory once per item, not once per 64 rows). Each row's arithmetic is the same
+// whatever group it sits in: the grouping changes no bits.
+constexpr int64_t kGroups = 4;
+// Contexts whose last position reaches this many keys group their sub-blocks; shorter ones keep
+// one sub-block per item (their K/V stays in the core's cache anyway, and more items balance
+// the threads better).
+constexpr int64_t kGroupFrom = 1024;
+
 // One thread's buffers: f32 operands (qt, kb, vb) or bf16 pairs (qt2, kb2, vb2, pt2), the
-// scores S^T, the output O^T and each row's position.
+// scores S^T, the output O^T and each row's position. qt, qt2, ot and pos point at the selected
+// sub-block's own buffers (`select`); the key block and the scores are shared.
 struct Scratch {
-  std::vector<float> qt, kb, vb, st, ot, pos;
+  std::vector<float> qt_all, kb, vb, st, ot_all, pos_all;
   const float* krow[kKeys];  // the block's f32 K / V rows: in the pool (float32), else in kb / vb
   const float* vrow[kKeys];
-  std::vector<uint32_t> qt2, kb2, vb2, pt2;
-  explicit Scratch(int64_t D)
-      : qt(D * kRows), kb(kKeys * D), vb(kKeys * D), st(kKeys * kRows), ot(D * kRows),
-        pos(kRows), qt2(D / 2 * kRows), kb2(kKeys * D / 2), vb2(kKeys / 2 * D),
-        pt2(kKeys / 2 * kRows) {}
+  std::vector<uint32_t> qt2_all, kb2, vb2, pt2;
+  int64_t D;
+  float* qt = nullptr;
+  float* ot = nullptr;
+  float* pos = nullptr;
+  uint32_t* qt2 = nullptr;
+  explicit Scratch(int64_t D_)
+      : qt_all(kGroups * D_ * kRows), kb(kKeys * D_), vb(kKeys * D_), st(kKeys * kRows),
+        ot_all(kGroups * D_ * kRows), pos_all(kGroups * kRows), qt2_all(kGroups * D_ / 2 * kRows),
+        kb2(kKeys * D_ / 2), vb2(kKeys / 2 * D_), pt2(kKeys / 2 * kRows), D(D_) {
+    select(0);
+  }
+  void select(int64_t g) {
+    qt = qt_all.data() + g * D * kRows;
+    ot = ot_all.data() + g * D * kRows;
+    pos = pos_all.data() + g * kRows;
+    qt2 = qt2_all.data() + g * D / 2 * kRows;
+  }
 };
 
 // Masks S^T of one key block: key position j is visible to a row at position p iff j <= p and,

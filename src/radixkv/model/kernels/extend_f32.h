@@ -16,7 +16,7 @@ struct F32Products {
   template <typename T>
   static void load_q(const Problem& P, const T* q, const Item& it, int64_t rows, Scratch& w) {
     const int64_t G = P.G, D = P.D;
-    float* qt = w.qt.data();
+    float* qt = w.qt;
     const __m512 scale = _mm512_set1_ps(P.scale);
     for (int64_t r0 = 0; r0 < kRows; r0 += 16) {
       if (r0 >= rows) {
@@ -69,7 +69,7 @@ struct F32Products {
   template <int RV>
   static void scores(const Problem& P, int64_t nk, Scratch& w) {
     const int64_t D = P.D;
-    const float* qt = w.qt.data();
+    const float* qt = w.qt;
     float* st = w.st.data();
     int64_t c = 0;
     for (; c + 4 <= nk; c += 4) {
@@ -107,7 +107,7 @@ struct F32Products {
   static void accumulate(const Problem& P, int64_t nk, const __m512* alpha, Scratch& w) {
     const int64_t D = P.D;
     const float* pt = w.st.data();
-    float* ot = w.ot.data();
+    float* ot = w.ot;
     for (int64_t d = 0; d < D; d += 4) {
       __m512 acc[4][RV];
       for (int i = 0; i < 4; ++i)
