@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from radixkv.server.apis import messages_protocol, responses_protocol
-from radixkv.server.apis.bridge import ItemTracker, items_of
+from radixkv.server.apis.bridge import ItemTracker, arguments_object, items_of
 from radixkv.server.apis.response_store import ResponseStore
 from radixkv.server.errors import APIError, anthropic_body
 
@@ -173,3 +173,8 @@ def test_anthropic_error_shape() -> None:
     assert anthropic_body(APIError("x", 503))["error"]["type"] == "overloaded_error"
     assert anthropic_body(APIError("x", 500))["error"]["type"] == "api_error"
     assert anthropic_body(APIError("x", 401))["error"]["type"] == "authentication_error"
+
+
+def test_arguments_object_of_a_cut_call_is_empty() -> None:
+    assert arguments_object('{"a": [1, 2]}') == {"a": [1, 2]}
+    assert arguments_object('{"a": [1, ') == {} and arguments_object("") == {}

@@ -258,3 +258,32 @@ def test_errors_reach_the_client_typed(client: anthropic.Anthropic) -> None:
     assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     m = client.messages.create(model=MODEL, max_tokens=4, messages=ASK)
     assert m.stop_reason in ("end_turn", "max_tokens")
+
+
+# The Llama 3 JSON call shape, forced by output_config.format: under tool_choice auto (with the
+# llama3_json parser) the answer must come back as a tool_use block, streamed or not.
+LLAMA3_CALL = {
+    "type": "object",
+    "properties": {"name": {"const": "book_table"}, "parameters": BOOK},
+    "required": ["name", "parameters"],
+    "additionalProperties": False,
+}
+
+
+def test_auto_reads_calls_with_the_servers_parser(
+    srv: LiveServer, client: anthropic.Anthropic
+) -> None:
+    output_config: Any = {"format": {"type": "json_schema", "schema": LLAMA3_CALL}}
+    args: dict[str, Any] = dict(model=MODEL, max_tokens=300, messages=ASK, tools=TOOLS,
+                                output_config=output_config, **GREEDY)  # fmt: skip
+    srv.state.tool_call_parser = "llama3_json"  # as --tool-call-parser llama3_json sets it
+    try:
+        whole = client.messages.create(**args)
+        with client.messages.stream(**args) as stream:
+            final = stream.get_final_message()
+    finally:
+        srv.state.tool_call_parser = "hermes"
+    assert whole.stop_reason == final.stop_reason == "tool_use"
+    (use,) = _uses(whole)
+    assert use.name == "book_table"
+    assert [(u.name, u.input) for u in _uses(final)] == [(use.name, use.input)]

@@ -277,3 +277,31 @@ def test_refusals_reach_the_client_and_the_server_keeps_serving(client: openai.O
         client.responses.create(model="another-model", input=ASK)
     r = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4)
     assert r.status in ("completed", "incomplete")
+
+
+# The Llama 3 JSON call shape, forced by text.format: under `auto` (with the llama3_json parser)
+# the answer must come back as a function_call item, streamed or not.
+LLAMA3_CALL = {
+    "type": "object",
+    "properties": {"name": {"const": "get_weather"}, "parameters": WEATHER},
+    "required": ["name", "parameters"],
+    "additionalProperties": False,
+}
+
+
+def test_auto_reads_calls_with_the_servers_parser(srv: LiveServer, client: openai.OpenAI) -> None:
+    fmt: Any = {"type": "json_schema", "name": "call", "schema": LLAMA3_CALL}
+    args: dict[str, Any] = dict(model=MODEL, input=ASK, tools=TOOLS, text={"format": fmt},
+                                **GREEDY)  # fmt: skip
+    srv.state.tool_call_parser = "llama3_json"  # as --tool-call-parser llama3_json sets it
+    try:
+        whole = client.responses.create(**args)
+        events = list(client.responses.create(**args, stream=True))
+    finally:
+        srv.state.tool_call_parser = "hermes"
+    (call,) = _calls(whole)
+    assert call.name == "get_weather" and [o.type for o in whole.output] == ["function_call"]
+    final = events[-1].response
+    assert [(c.name, c.arguments) for c in _calls(final)] == [(call.name, call.arguments)]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == call.arguments

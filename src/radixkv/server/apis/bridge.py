@@ -113,8 +113,12 @@ def items_of(message: dict[str, Any], placeholder: bool = False) -> list[Item]:
 
 
 def arguments_object(arguments: str) -> dict[str, Any]:
-    """A call's arguments JSON as an object (the parsers only return objects)."""
-    value = json.loads(arguments) if arguments else {}
+    """A call's arguments JSON as an object (the parsers only return objects; a call cut short
+    by the token limit, whose arguments never closed, has none)."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
     return value if isinstance(value, dict) else {}
 
 
