@@ -2,12 +2,11 @@
 seeded Llama, whose text is noise, so only the grammar of `tool_choice` required / named can make
 its calls valid: every one must parse and validate against its tool's schema. Also streamed
 `tool_calls` deltas, a multi-turn loop that sends a tool result back, `auto`, `none`, and 400s.
-The model gets a Hermes-style tool template (written here), so the server picks `hermes`."""
+The model gets a Hermes-style tool template (tool_model.py), so the server picks `hermes`."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,70 +16,11 @@ import jsonschema
 import openai
 import pytest
 from server_harness import LiveServer, live_server
-
-from radixkv.engine.engine import Engine
-from radixkv.engine.types import EngineConfig
+from tool_model import SCHEMAS, WEATHER, tool_engine, with_tool_template
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-tools"
-TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}You may call these functions:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-Call one as <tool_call>
-{"name": NAME, "arguments": ARGUMENTS}
-</tool_call><|im_end|>
-{% elif messages[0].role == 'system' %}<|im_start|>system
-{{ messages[0].content }}<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'system' %}{% continue %}{% endif %}
-{%- if message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% elif message.tool_calls %}<|im_start|>assistant
-{{ message.content }}{% for call in message.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
-BOOK = {
-    "type": "object",
-    "properties": {
-        "guests": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
-        "vip": {"type": "boolean"},
-        "when": {
-            "type": "object",
-            "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23}},
-            "required": ["hour"],
-            "additionalProperties": False,
-        },
-    },
-    "required": ["guests", "vip", "when"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "book_table": BOOK}
 TOOLS: list[Any] = [
     {"type": "function", "function": {"name": n, "description": f"{n} tool", "parameters": p}}
     for n, p in SCHEMAS.items()
@@ -88,24 +28,16 @@ TOOLS: list[Any] = [
 ASK = [{"role": "user", "content": "What is the weather in Paris, and book a table for two."}]
 
 
-def _engine(path: Path) -> Engine:
-    cfg = {"num_slots": 8192, "max_model_len": 1024, "seed": 0, "page_size": 16, "max_n": 8}
-    return Engine(str(path), EngineConfig(**cfg))
-
-
 @pytest.fixture(scope="module")
 def tool_model_dir(
     tiny_model_dir: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    out = tmp_path_factory.mktemp("tiny-tools") / "model"
-    shutil.copytree(tiny_model_dir("llama"), out)
-    (out / "chat_template.jinja").write_text(TEMPLATE)
-    return out
+    return with_tool_template(tiny_model_dir("llama"), tmp_path_factory.mktemp("tiny-tools") / "m")
 
 
 @pytest.fixture(scope="module")
 def srv(tool_model_dir: Path) -> Iterator[LiveServer]:
-    with live_server(_engine(tool_model_dir), MODEL) as server:
+    with live_server(tool_engine(tool_model_dir), MODEL) as server:
         assert server.state.tool_call_parser == "hermes"  # read from the template
         yield server
 
@@ -288,7 +220,7 @@ def test_a_schema_the_grammar_cannot_enforce_is_400(srv: LiveServer) -> None:
 
 
 def test_a_template_without_tools_is_400(tiny_model_dir: Callable[..., Path]) -> None:
-    with live_server(_engine(tiny_model_dir("llama")), MODEL) as server:
+    with live_server(tool_engine(tiny_model_dir("llama")), MODEL) as server:
         client = _client(server)
         for choice in ("auto", "required"):
             with pytest.raises(openai.BadRequestError) as info:

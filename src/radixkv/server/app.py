@@ -25,29 +25,26 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
 from radixkv.config import EngineConfig
-from radixkv.engine.types import RequestError, SamplingParams
+from radixkv.server.apis import install_api_routes
 from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.config_view import install_config_route
 from radixkv.server.dashboard import RecentRequests, install_dashboard
 from radixkv.server.engine_client import EngineClient
 from radixkv.server.gateway import install_gateway_routes
+from radixkv.server.generate import respond, sampling_for
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
 from radixkv.server.prompts import parse_chat, parse_completion
 from radixkv.server.protocol import APIError
-from radixkv.server.serving import Generation, Kind
+from radixkv.server.serving import Kind
 from radixkv.server.sessions import SessionTracker
 from radixkv.server.tool_parsers import parser_for_template
 from radixkv.server.tools import ToolPlan
 
 log = logging.getLogger("radixkv.server")
-
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DEFAULT_CHAT_MAX_TOKENS = 512
 
 
 class ServerState:
@@ -118,88 +115,12 @@ def create_app(
     app.state.radixkv = state
     install_error_handlers(app)
     _install_routes(app, state)
+    install_api_routes(app, state)
     install_dashboard(app, state)
     install_config_route(app, state)
     install_gateway_routes(app, state)
     app.add_middleware(auth_and_count_middleware(state))
     return app
-
-
-def _sampling_for(
-    state: ServerState,
-    kind: Kind,
-    req: Any,
-    prompt_ids: list[int],
-    tool_plan: ToolPlan | None = None,
-) -> SamplingParams:
-    """The request's SamplingParams for this prompt (400 if the prompt fills the context)."""
-    default_max = DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS
-    limit = state.max_model_len
-    if limit is not None:
-        if len(prompt_ids) >= limit:
-            raise APIError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {limit} "
-                "(prompt + output); shorten the prompt",
-                param="messages" if kind == "chat" else "prompt",
-                code="context_length_exceeded",
-            )
-        default_max = min(default_max, limit - len(prompt_ids))  # an unset max_tokens fits
-    params: SamplingParams = req.sampling(default_max, state.vocab_size)
-    if tool_plan is not None and tool_plan.grammar is not None and params.json_schema is None:
-        params = dataclasses.replace(params, grammar=tool_plan.grammar)
-    return params
-
-
-async def _generate(
-    state: ServerState,
-    request: Request,
-    kind: Kind,
-    req: Any,
-    prompt_ids: list[int],
-    tool_plan: ToolPlan | None = None,
-) -> Response:
-    """Submit a tokenized request and answer it as JSON or as an SSE stream."""
-    t0 = time.perf_counter()
-    sampling = _sampling_for(state, kind, req, prompt_ids, tool_plan)
-    prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    try:
-        stream = await state.engine.submit(request_id, prompt_ids, sampling, req.options())
-    except RequestError as exc:  # the grammar of a forced tool_choice comes from the tools
-        from_tools = tool_plan is not None and (tool_plan.forced or tool_plan.grammar)
-        if from_tools and exc.param == "response_format":
-            msg = str(exc).replace("JSON schema", "tool schema")
-            raise RequestError(msg, exc.code, "tools") from None
-        raise
-    echo = None
-    if kind == "completion" and req.echo:
-        p = req.prompt_text_or_ids()
-        echo = p if isinstance(p, str) else state.tokenizer.decode(p)
-    gen = Generation(
-        state,
-        kind,
-        request_id,
-        stream,
-        len(prompt_ids),
-        t0,
-        req.session_id,
-        req.include_usage,
-        n=sampling.n,
-        logprobs=sampling.logprobs is not None,
-        echo=echo,
-        tool_plan=tool_plan,
-    )
-    gen.cache_salt = req.options().cache_salt  # for the dashboard's (hashed) namespace column
-    if req.stream:
-        return StreamingResponse(
-            gen.sse(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            # Runs even if the client left before the body iterator started (then sse()'s own
-            # `finally` never runs): the request is still aborted and accounted.
-            background=BackgroundTask(gen.finish),
-        )
-    return JSONResponse(await gen.collect(request))
 
 
 def _rendered(
@@ -211,7 +132,7 @@ def _rendered(
 ) -> dict[str, Any]:
     """A request as the engine would get it, in vLLM's `GenerateRequest` shape (what its
     `/render` routes answer): the prompt's token ids and the resolved sampling parameters."""
-    sampling = _sampling_for(state, kind, req, prompt_ids, tool_plan)
+    sampling = sampling_for(state, kind, req, prompt_ids, tool_plan)
     params = dataclasses.asdict(sampling)
     params["stop"] = list(sampling.stop)
     params["stop_token_ids"] = list(sampling.stop_token_ids)
@@ -240,12 +161,12 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req, ids = await parse_completion(state, request)
-        return await _generate(state, request, "completion", req, ids)
+        return await respond(state, request, "completion", req, ids)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req, ids, plan = await parse_chat(state, request)
-        return await _generate(state, request, "chat", req, ids, plan)
+        return await respond(state, request, "chat", req, ids, plan)
 
     # The prompt token ids a request would run with, without running it (vLLM's render routes,
     # which vllm-router's kv_aware policy calls to hash a prompt the way the engine will see it).

@@ -1,6 +1,8 @@
-"""HTTP plumbing around the routes: Bearer auth and request counting (one pure ASGI middleware,
-safe with streaming responses), and the handlers that turn every failure into an OpenAI-style
-error body {"error": {message, type, param, code}}."""
+"""HTTP plumbing around the routes: API-key auth (`Authorization: Bearer KEY`, or Anthropic's
+`x-api-key: KEY`) and request counting (one pure ASGI middleware, safe with streaming responses),
+and the handlers that turn every failure into an OpenAI-style error body {"error": {message,
+type, param, code}} — or Anthropic's {"type": "error", "error": {type, message}} under
+/v1/messages."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixkv.engine.types import RequestError
 from radixkv.server.dashboard import page_key_ok
+from radixkv.server.errors import anthropic_body, is_anthropic_path
 from radixkv.server.protocol import APIError, overloaded
 
 if TYPE_CHECKING:
@@ -43,6 +46,9 @@ _KNOWN_ROUTES = frozenset(
         "/v1/models",
         "/v1/completions/render",
         "/v1/chat/completions/render",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/loads",
         "/server_info",
         "/get_server_info",
@@ -63,11 +69,13 @@ _KNOWN_ROUTES = frozenset(
 def _route_label(path: str) -> str:
     if path.startswith("/sessions/"):
         return "/sessions/{id}"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
     return path if path in _KNOWN_ROUTES else "other"
 
 
 def _auth_and_count(state: ServerState, app: Any) -> ASGIApp:
-    """Pure ASGI middleware (safe with streaming): Bearer auth on all routes but /health, and
+    """Pure ASGI middleware (safe with streaming): API-key auth on all routes but /health, and
     a request counter by route and status."""
 
     async def middleware(scope: Any, receive: Any, send: Any) -> None:
@@ -90,11 +98,13 @@ def _auth_and_count(state: ServerState, app: Any) -> ASGIApp:
                 and not page_key_ok(scope, state.api_key)
             ):
                 err = APIError(
-                    "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                    "invalid or missing API key (send 'Authorization: Bearer <key>' or "
+                    "'x-api-key: <key>')",
                     401,
                     code="invalid_api_key",
                 )
-                await JSONResponse(err.body(), 401)(scope, receive, counting_send)
+                body = anthropic_body(err) if is_anthropic_path(path) else err.body()
+                await JSONResponse(body, 401)(scope, receive, counting_send)
                 return
             await app(scope, receive, counting_send)
         finally:
@@ -104,10 +114,14 @@ def _auth_and_count(state: ServerState, app: Any) -> ASGIApp:
 
 
 def _authorized(scope: Any, api_key: str) -> bool:
+    """A Bearer token or an `x-api-key` header (what Anthropic's clients send) equal to the key."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
-            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key)
+            if scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key):
+                return True
+        elif name == b"x-api-key" and hmac.compare_digest(value.decode("latin-1").strip(), api_key):
+            return True
     return False
 
 
@@ -119,14 +133,16 @@ def auth_and_count_middleware(state: ServerState) -> Callable[[Any], ASGIApp]:
 
 
 def _error_response(request: Request, err: APIError) -> JSONResponse:
-    """The error body; a 503 (overloaded, or no engine) also says when to come back, so clients
-    back off and a router (SGLang's gateway retries 408/429/5xx) tries another worker."""
+    """The error body (in the shape of the API the route speaks); a 503 (overloaded, or no
+    engine) also says when to come back, so clients back off and a router (SGLang's gateway
+    retries 408/429/5xx) tries another worker."""
     headers = None
     if err.status in (429, 503):
         state = getattr(request.app.state, "radixkv", None)
         seconds = state.config.server.retry_after if state is not None else 1
         headers = {"Retry-After": str(seconds)}
-    return JSONResponse(err.body(), err.status, headers=headers)
+    body = anthropic_body(err) if is_anthropic_path(request.url.path) else err.body()
+    return JSONResponse(body, err.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -139,17 +155,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error_response(request, request_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         err = APIError(str(exc.detail), exc.status_code, code=code)
-        return JSONResponse(err.body(), exc.status_code)
+        return _error_response(request, err)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(APIError(f"invalid request: {exc.errors()}").body(), 400)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(request, APIError(f"invalid request: {exc.errors()}"))
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         err = APIError(f"internal error: {type(exc).__name__}", 500, type="server_error")
-        return JSONResponse(err.body(), 500)
+        return _error_response(request, err)

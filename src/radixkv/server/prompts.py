@@ -75,6 +75,15 @@ async def parse_chat(
     req = parse_body(ChatCompletionRequest, await read_body(request))
     state.check_model(req.model)
     req.check(state.vocab_size)
+    ids, plan = await chat_prompt(state, req)
+    return req, ids, plan
+
+
+async def chat_prompt(
+    state: ServerState, req: ChatCompletionRequest, param: str = "messages"
+) -> tuple[list[int], ToolPlan | None]:
+    """A checked chat request's prompt token ids (its messages and tools through the model's chat
+    template) and its tool plan; a template failure is a 400 naming `param`."""
     try:
         if req.uses_tools:
             text = await asyncio.to_thread(
@@ -88,8 +97,8 @@ async def parse_chat(
     except APIError:
         raise
     except Exception as exc:  # template errors (e.g. role order) are the caller's input
-        raise APIError(f"chat template failed: {exc}", param="messages") from None
-    return req, list(ids), tool_plan(state, req)
+        raise APIError(f"chat template failed: {exc}", param=param) from None
+    return list(ids), tool_plan(state, req)
 
 
 def tool_plan(state: ServerState, req: ChatCompletionRequest) -> ToolPlan | None:

@@ -91,6 +91,8 @@ class Generation:
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
         choice = self.choices[delta.index] if delta.index < len(self.choices) else None
         if choice is not None:
+            choice.parts.append(delta.new_text)
+            choice.token_ids.extend(delta.new_token_ids)
             choice.completion_tokens = max(choice.completion_tokens, delta.completion_tokens)
             if delta.finish_reason is not None:
                 choice.finish_reason = delta.finish_reason
@@ -153,10 +155,8 @@ class Generation:
         try:
             while True:
                 delta = await self.next_delta()
-                if delta.index < len(self.choices):
-                    self.choices[delta.index].parts.append(delta.new_text)
-                    if delta.new_token_ids:
-                        self._logprobs(delta)
+                if delta.index < len(self.choices) and delta.new_token_ids:
+                    self._logprobs(delta)
                 if delta.finished:
                     break
         finally:
@@ -202,7 +202,7 @@ class Generation:
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
         tool_delta: dict[str, Any] | None = None,
-    ) -> str:
+    ) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if tool_delta is not None:
@@ -224,7 +224,7 @@ class Generation:
             }
         return self._event(choices=[choice])
 
-    def _event(self, choices: list[Any], usage: dict[str, Any] | None = None) -> str:
+    def _event(self, choices: list[Any], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
@@ -234,46 +234,54 @@ class Generation:
         }
         if self.include_usage:
             body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return body
 
     async def sse(self) -> AsyncIterator[str]:
         """SSE events ending with `data: [DONE]`; cancellation (disconnect) aborts via finish()."""
         try:
-            for c in self.choices:
-                if self.kind == "chat":
-                    yield self._chunk(None, None, role=True, index=c.index)
-                elif self.echo:
-                    yield self._chunk(self.echo, None, index=c.index)
-            while True:
-                delta = await self.next_delta()
-                if self.finish_reason in ("abort", "error"):
-                    err = self._failure()
-                    if delta.new_text:
-                        yield self._chunk(delta.new_text, None, index=delta.index)
-                    yield f"data: {json.dumps(err.body())}\n\n"
-                    break
-                lps = self._logprobs(delta) if delta.new_token_ids else None
-                choice = self.choices[delta.index] if delta.index < len(self.choices) else None
-                if choice is not None and choice.tools is not None:
-                    tool_delta = choice.tools.feed(delta.new_text)
-                    if delta.finish_reason:
-                        tool_delta = _merge(tool_delta, choice.tools.finish())
-                    if tool_delta or delta.finish_reason or lps is not None:
-                        reason = choice.final_reason() if delta.finish_reason else None
-                        yield self._chunk(
-                            None, reason, index=delta.index, logprobs=lps, tool_delta=tool_delta
-                        )
-                elif delta.new_text or delta.finish_reason or lps is not None:
-                    yield self._chunk(
-                        delta.new_text, delta.finish_reason, index=delta.index, logprobs=lps
-                    )
-                if delta.finished:
-                    break
-            if self.include_usage and self.finish_reason not in ("abort", "error"):
-                yield self._event(choices=[], usage=self.usage())
+            try:
+                async for body in self.chunks():
+                    yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+            except APIError as err:  # the request failed after its response started
+                yield f"data: {json.dumps(err.body())}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             self.finish()
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """The stream's chunk bodies (chat.completion.chunk / text_completion), the usage chunk
+        last when asked for. If the request fails, any text it still produced comes first, then
+        the failure is raised (APIError). The caller runs `finish()` (sse() does)."""
+        for c in self.choices:
+            if self.kind == "chat":
+                yield self._chunk(None, None, role=True, index=c.index)
+            elif self.echo:
+                yield self._chunk(self.echo, None, index=c.index)
+        while True:
+            delta = await self.next_delta()
+            if self.finish_reason in ("abort", "error"):
+                if delta.new_text:
+                    yield self._chunk(delta.new_text, None, index=delta.index)
+                raise self._failure()
+            lps = self._logprobs(delta) if delta.new_token_ids else None
+            choice = self.choices[delta.index] if delta.index < len(self.choices) else None
+            if choice is not None and choice.tools is not None:
+                tool_delta = choice.tools.feed(delta.new_text)
+                if delta.finish_reason:
+                    tool_delta = _merge(tool_delta, choice.tools.finish())
+                if tool_delta or delta.finish_reason or lps is not None:
+                    reason = choice.final_reason() if delta.finish_reason else None
+                    yield self._chunk(
+                        None, reason, index=delta.index, logprobs=lps, tool_delta=tool_delta
+                    )
+            elif delta.new_text or delta.finish_reason or lps is not None:
+                yield self._chunk(
+                    delta.new_text, delta.finish_reason, index=delta.index, logprobs=lps
+                )
+            if delta.finished:
+                break
+        if self.include_usage:
+            yield self._event(choices=[], usage=self.usage())
 
 
 class _Choice:
@@ -281,7 +289,8 @@ class _Choice:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.parts: list[str] = []
+        self.parts: list[str] = []  # the output text as the engine streamed it
+        self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.completion_tokens = 0
         self.logprobs: LogprobsBuilder | None = None
