@@ -258,6 +258,13 @@ class SchedulerConfig(Section):
         min=0,
     )
     chunked_prefill_size: int = opt(2048, "max new prompt tokens per step", min=1)
+    decode_stall_ms: float = opt(
+        0.0,
+        "while requests decode, cap a step's prompt tokens at what the measured prefill rate "
+        "computes in this many ms (at least 64 tokens), so a long prompt is spread over steps "
+        "that each also advance every decoding stream (0: off, the whole budget)",
+        min=0,
+    )
     max_running_requests: int = opt(32, "requests decoded together", min=1)
     max_queued_requests: int = opt(
         256, "waiting-queue bound; past it new requests are refused (503)", min=0
@@ -274,6 +281,8 @@ class SchedulerConfig(Section):
     def check(self) -> list[tuple[str, str]]:
         if not math.isfinite(self.schedule_wait_budget_s):
             return [("schedule_wait_budget_s", "must be a finite number of seconds")]
+        if not math.isfinite(self.decode_stall_ms):
+            return [("decode_stall_ms", "must be a finite number of milliseconds")]
         return []
 
 

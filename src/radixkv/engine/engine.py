@@ -211,6 +211,7 @@ class Engine:
                 deltas.append(self._on_token(req, tok, lp, now))
         if sched.num_tokens > len(sched.reqs):  # a step with prefill
             self.kv.tiers.observe_prefill(sched.num_tokens, forward_s)
+            self.scheduler.observe_step(sched, forward_s)
         stats.maybe_log(self, self.log_interval_s)
         return deltas
 

@@ -13,6 +13,12 @@ uncached prompts arrive together they therefore finish one after another instead
 end (for equal prompts the mean time to first token falls by up to a third), at the cost of
 slightly more steps.
 
+Decode stall (`decode_stall_ms`, off at 0): while any request decodes, the step's budget is cut
+to the prompt tokens the measured prefill rate computes in that many milliseconds (at least
+`min_stall_chunk`). A long prompt then runs over several steps, and each of them also advances
+every decoding stream by a token at almost no cost (their rows ride on the chunk's weight reads),
+instead of one step that holds every stream for the whole prompt.
+
 Admission order: fcfs takes arrival order; lpm the longest cached prefix first, aged by arrival
 time so that no request is passed by one that arrived more than `schedule_wait_budget_s` after it.
 
@@ -68,6 +74,8 @@ class Scheduler:
     lpm_scan_limit = 64  # waiting requests ranked per step under lpm
     admit_scan_limit = 64  # waiting requests considered for admission per step
     defer_min_gain = 16  # tokens a waiting request must gain to wait for an in-flight prefill
+    min_stall_chunk = 64  # decode_stall_ms never cuts a step's prompt tokens below this
+    rate_weight = 0.3  # weight of the newest step in the prefill-rate average
 
     def __init__(
         self, config: SchedulerConfig, kv: KVManager, regret: RegretWindow | None = None
@@ -86,6 +94,10 @@ class Scheduler:
         self.regret = regret
         # Prompt positions the model computed (a forked choice computes none of its prompt).
         self.prefill_tokens_total = 0
+        # Prompt tokens per second of forward time (average of recent steps with a prefill of
+        # at least min_stall_chunk tokens; 0 until one ran) and this step's budget.
+        self.prefill_rate = 0.0
+        self._step_budget = config.chunked_prefill_size
 
     # -- queues --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -117,7 +129,7 @@ class Scheduler:
 
     def _build(self, admit: bool = True) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self.config.chunked_prefill_size
+        budget = self._step_budget = self._budget()
         for req in self.running:
             if req.pending == 1:
                 batch.add(req, 1)
@@ -132,7 +144,28 @@ class Scheduler:
         """Whether a prefill of `pending` tokens may start in what is left of the step's budget:
         whole, or cut short only as the step's first prefill (invariant: at most one prefill
         per step is cut by the budget, and it is the first)."""
-        return pending <= budget or budget == self.config.chunked_prefill_size
+        return pending <= budget or budget == self._step_budget
+
+    def _budget(self) -> int:
+        """This step's prompt tokens: the whole chunked_prefill_size, or while a request decodes
+        and decode_stall_ms is set, what the prefill rate computes in that time."""
+        full = self.config.chunked_prefill_size
+        stall_s = self.config.decode_stall_ms / 1000
+        if stall_s <= 0 or self.prefill_rate <= 0:
+            return full
+        if not any(r.pending == 1 for r in self.running):
+            return full
+        return min(full, max(self.min_stall_chunk, int(self.prefill_rate * stall_s)))
+
+    def observe_step(self, batch: ScheduledBatch, forward_s: float) -> None:
+        """Fold one forward's time into the prefill rate (steps of min_stall_chunk or more
+        prompt tokens only: the rate of a few tokens is the decode rows' weight reads)."""
+        prompt = sum(n for n in batch.extend_lens if n > 1)
+        if prompt < self.min_stall_chunk or forward_s <= 0:
+            return
+        rate = prompt / forward_s
+        w = self.rate_weight if self.prefill_rate > 0 else 1.0
+        self.prefill_rate = (1 - w) * self.prefill_rate + w * rate
 
     def _add_chunk(self, batch: ScheduledBatch, req: Request, budget: int) -> int:
         """Schedule a prefill chunk of `req` (cut at the next STATE checkpoint boundary, with
