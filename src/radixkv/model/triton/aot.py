@@ -57,7 +57,7 @@ def compile_kernels(
     block_d = max(16, 1 << (head_dim - 1).bit_length())
     fn = kernels.attn_partials
     ptrs = {n: f"*{elem}" for n in ("Q", "K", "V")}
-    ptrs |= {n: "*i32" for n in ("Table", "SeqLens", "QStart")}
+    ptrs |= {n: "*i64" for n in ("Table", "SeqLens", "QStart")}  # the ForwardBatch's
     ptrs |= {n: "*fp32" for n in ("MPart", "LPart", "OPart")}
     strides = ["stride_qt", "stride_qh", "stride_ks", "stride_kh", "stride_vs", "stride_vh", "H"]
     ints = ["num_requests", "n_parts", "window", "stride_table", *strides]
