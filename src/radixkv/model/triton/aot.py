@@ -4,7 +4,8 @@ device, short of the driver's load, so a kernel that does not build is found on 
 
     python -m radixkv.model.triton.aot [--arch 90] [--dtype bfloat16] [--head-dim 128] [--group 4]
 
-prints, per kernel, its shared memory and whether it uses Hopper's warp-group MMA.
+prints, per kernel, its shared memory, whether it uses Hopper's warp-group MMA and whether its
+PTX holds an FMA.
 Needs a process without TRITON_INTERPRET=1 (interpreted kernels have nothing to compile).
 """
 
@@ -29,7 +30,12 @@ def _aligned(fn: Any, names: list[str]) -> dict[tuple[int, ...], list[list[Any]]
 
 def _summary(compiled: Any) -> dict[str, Any]:
     ttgir = compiled.asm["ttgir"]
-    return {"shared_bytes": compiled.metadata.shared, "warp_group_mma": "warp_group_dot" in ttgir}
+    return {
+        "shared_bytes": compiled.metadata.shared,
+        "warp_group_mma": "warp_group_dot" in ttgir,
+        # With contraction off, a 16-bit build has no FMA at all (float32's IEEE dot has its own).
+        "fma": "fma.rn" in compiled.asm["ptx"],
+    }
 
 
 def compile_kernels(

@@ -6,7 +6,7 @@ run the same problems:
   part per tile) and again split-K (decode's parts for every row); the two must agree bit for bit.
 - `invariance_pairs`: outputs that must be the same bits: a request alone vs in a batch, a prompt
   whole vs in chunks after cached prefixes, every extend row vs the decode kernel at its
-  position, 1 vs several parts, a page table vs the equivalent slot table.
+  position, 1 vs several parts, a page table vs the equivalent slot table (int32).
 """
 
 from __future__ import annotations
@@ -152,21 +152,22 @@ def _decode_rows(dtype: torch.dtype, device: str | torch.device, window: int | N
 
 
 def _parts_and_pages(dtype: torch.dtype, device: str | torch.device, window: int | None) -> list:
-    # One batch through 1, 2 and 5 parts; the same contexts through a page table of 16.
+    # One batch in pages of 16 through 1, 2 and 5 parts, and through the slot table.
     p = problem([700, 20, 1], [30, 20, 1], heads=4, kv=2, dim=64, dtype=dtype, page_size=16,
                 device=device)  # fmt: skip
     args = (p.q, p.k, p.v, p.table, p.seq_lens, p.q_start)
     kw: dict[str, Any] = {"scale": 0.125, "window": window, "page_size": 16}
     outs = [paged_attention(*args, num_parts=n, **kw) for n in (1, 2, 5)]
-    slots = torch.full((3, 700), -1, dtype=torch.int64, device=device)
+    # The slot table and the lengths as int32 (the page table's are int64).
+    slots = torch.full((3, 700), -1, dtype=torch.int32, device=device)
     for r in range(3):
         slots[r, : int(p.seq_lens[r])] = p.slots(r)
-    by_slot = extend_attention(p.q, p.k, p.v, slots, p.seq_lens, p.q_start, scale=0.125,
-                               window=window)  # fmt: skip
+    lens, starts = p.seq_lens.int(), p.q_start.int()
+    by_slot = extend_attention(p.q, p.k, p.v, slots, lens, starts, scale=0.125, window=window)
     return [
         ("1 vs 2 parts", outs[0], outs[1]),
         ("1 vs 5 parts", outs[0], outs[2]),
-        ("page table vs slot table", outs[0], by_slot),
+        ("page table vs int32 slot table", outs[0], by_slot),
     ]
 
 
