@@ -10,6 +10,9 @@ a dry run. Three parts, each printed as it finishes, all results in one JSON (--
    any two kernel orders). Eager always, compiled too with --compile.
 2. `radixkv bench engine` on a small shared-prefix workload (cache off vs radix).
 3. A short serving run: `radixkv serve` on the device, `radixkv bench serve` against it.
+Before them (first, so a short session gets it): the Triton paged-attention kernels compiled on
+the device against a float64 softmax, their bit invariance, and their speed (scripts/
+gpu_triton.py; skipped, saying why, on CPU or without Triton; --triton-only runs just this).
 Exit status 1 if an exactness check fails or a stage errors.
 """
 
@@ -130,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="HF checkpoint dir (default: embedded SmolLM2)")
     p.add_argument("--compile", action="store_true", help="also check the compiled model")
     p.add_argument("--skip-bench", action="store_true", help="exactness only")
+    p.add_argument("--skip-triton", action="store_true", help="no Triton kernel stage")
+    p.add_argument("--triton-only", action="store_true", help="only the Triton kernel stage")
     p.add_argument("--json", default=None, help="write all results here")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -137,13 +142,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results: dict[str, Any] = {"exactness": [], "bench": []}
     failed = False
-    for dtype in (torch.float32, torch.bfloat16):
+    if not args.skip_triton:
+        try:
+            from scripts.gpu_triton import triton_check
+        except ImportError:  # run as `python scripts/gpu_check.py`: scripts/ is on the path
+            from gpu_triton import triton_check  # type: ignore[no-redef]
+
+        r = triton_check(args.device)
+        print("triton", "skipped: " + r["skipped"] if "skipped" in r else "ok" if r["ok"] else
+              "FAILED", flush=True)  # fmt: skip
+        results["triton"] = r
+        failed |= not r["ok"]
+    for dtype in () if args.triton_only else (torch.float32, torch.bfloat16):
         for comp in (False, True) if args.compile else (False,):
             r = exactness(args.model, args.device, dtype, comp)
             print("exactness", json.dumps(r), flush=True)
             results["exactness"].append(r)
             failed |= not r["ok"]
-    if not args.skip_bench:
+    if not args.skip_bench and not args.triton_only:
         dt = "float32" if args.device == "cpu" else "bfloat16"
         for stage in (engine_bench, serve_bench):
             r = stage(args.model, args.device, dt, args.compile)

@@ -36,6 +36,11 @@ import torch
 # Exactness tests compare float32 outputs: `--dtype auto` stays float32 even on CPUs with native
 # bf16, so the suite behaves the same on every machine (subprocesses inherit this).
 os.environ.setdefault("RADIXKV_AUTO_BF16", "0")
+# The Triton kernels (radixkv.model.triton) run under Triton's interpreter where no GPU is visible.
+# Triton reads this when it is first imported (importing torch does not import it), so it is set
+# here, before any test can; with a GPU they run compiled on it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_ARCHS: tuple[str, ...] = (
     "llama",
