@@ -1,7 +1,7 @@
 """`radixkv` command line.
 
 serve | demo | generate | chat | replay | cluster up | bench {tree, engine, tiers, storage,
-eviction, serve, compare, grammar, peers, answers, cluster}. (The maintainers' tools, e.g. the
+eviction, serve, compare, grammar, peers, answers, cluster, agent}. (The maintainers' tools, e.g. the
 report that writes docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
@@ -34,6 +34,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.peers", True),  # bench peers
     ("radixkv.bench.answers", True),  # bench answers
     ("radixkv.bench.cluster", True),  # bench cluster
+    ("radixkv.bench.agent", True),  # bench agent
 )
 
 
