@@ -14,50 +14,52 @@ import json
 import os
 from pathlib import Path
 
-HERMES_CHATML = """\
-{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}\
-{% set rest = messages[1:] %}{% else %}{% set system = 'You are a helpful assistant.' %}\
-{% set rest = messages %}{% endif -%}
-<|im_start|>system
-{{ system }}
+# Written the way Hugging Face templates are (environments trim block tags' newlines): every
+# character of output comes from an expression. Arguments given as a JSON string are shown as is.
+HERMES_CHATML = r"""{%- if messages[0].role == 'system' %}
+    {%- set system = messages[0].content %}
+    {%- set rest = messages[1:] %}
+{%- else %}
+    {%- set system = 'You are a helpful assistant.' %}
+    {%- set rest = messages %}
+{%- endif %}
+{{- '<|im_start|>system\n' + system }}
 {%- if tools %}
-
-# Tools
-
-You may call one or more functions to assist with the user query.
-
-You are provided with function signatures within <tools></tools> XML tags:
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
+    {{- '\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' }}{{- tool | tojson }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and ' }}
+    {{- 'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' }}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- for message in rest %}
+    {%- if message.role == 'tool' %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content }}
+        {{- '\n</tool_response><|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\n' + (message.content or '') }}
+        {%- for call in message.tool_calls or [] %}
+            {%- set fn = call.function or call %}
+            {{- '\n<tool_call>\n{"name": "' + fn.name + '", "arguments": ' }}
+            {%- if fn.arguments is string %}
+                {{- fn.arguments }}
+            {%- else %}
+                {{- fn.arguments | tojson }}
+            {%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
 {%- endfor %}
-</tools>
-
-For each function call, return a json object with function name and arguments within \
-<tool_call></tool_call> XML tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call>
-{%- endif %}<|im_end|>
-{% for message in rest %}
-{%- if message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% elif message.role == 'assistant' %}<|im_start|>assistant
-{{ message.content or '' }}
-{%- if message.tool_calls %}{% for call in message.tool_calls %}
-<tool_call>
-{"name": "{{ (call.function or call).name }}", "arguments": \
-{{ (call.function or call).arguments | tojson }}}
-</tool_call>
-{%- endfor %}{% endif %}<|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
 
 
 def model_dir(name: str) -> Path:
