@@ -142,7 +142,7 @@ def _server(args: argparse.Namespace, engine: str, dtype: str, ckpt: Path) -> It
 def serve_dir(args: argparse.Namespace) -> Path:
     """The checkpoint the started servers load: the model's own, or its Hermes tool view."""
     ckpt = agent_model.model_dir(args.model)
-    if args.tools_mode == "native" and not agent_model.renders_tools(ckpt):
+    if args.tools_mode == "native" and not args.probe_only and not agent_model.renders_tools(ckpt):
         ckpt = agent_model.hermes_view(ckpt, Path(args.out))
     return ckpt
 
@@ -186,9 +186,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for dtype in args.dtypes.split(","):
             for engine in args.engines.split(","):
                 print(f"[{engine} {dtype}] starting", file=sys.stderr)
-                with _server(args, engine, dtype, ckpt) as srv:
-                    res = measure(args, srv.url, plan, count)
-                    runs.append({"engine": engine, "dtype": dtype, "server": srv.describe(), **res})
+                try:
+                    with _server(args, engine, dtype, ckpt) as srv:
+                        res = measure(args, srv.url, plan, count)
+                        runs.append({"engine": engine, "dtype": dtype, "server": srv.describe()})
+                        runs[-1].update(res)
+                except (RuntimeError, OSError, ValueError, aiohttp.ClientError) as exc:
+                    # One engine failing (a start, a refused probe) leaves the others' results.
+                    print(f"[{engine} {dtype}] failed: {exc}", file=sys.stderr)
+                    runs.append({"engine": engine, "dtype": dtype, "error": str(exc)[-2000:]})
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": shlex.join(["radixkv", *sys.argv[1:]]),
@@ -206,15 +212,24 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return 2
     result = run(args)
     out = Path(args.out)
-    md = "\n\n".join(agent_report.format_run(r) for r in result["runs"])
-    if len(result["runs"]) > 1:
-        md += "\n\n" + agent_report.compare(result["runs"])
+    done = [r for r in result["runs"] if "error" not in r]
+    md = "\n\n".join(agent_report.format_run(r) for r in done)
+    md += "".join(
+        f"\n\n{r['engine']} ({r['dtype']}) failed: {r['error']}"
+        for r in result["runs"]
+        if "error" in r
+    )
+    if len(done) > 1:
+        md += "\n\n" + agent_report.compare(done)
     paths = (args.vllm_python or "", None, args.out, str(agent_model.model_dir(args.model)))
     (out / "agent.json").write_text(scrub(json.dumps(result, indent=1), *paths))
     (out / "agent.md").write_text(scrub(md, *paths) + "\n")
     print(scrub(md, *paths))
     print(f"json: {out / 'agent.json'}\ntable: {out / 'agent.md'}")
-    ok = all(r.get("summary", {}).get("turns_failed", 0) == 0 for r in result["runs"])
+    ok = all(
+        "error" not in r and r.get("summary", {}).get("turns_failed", 0) == 0
+        for r in result["runs"]
+    )
     return 0 if ok else 1
 
 
