@@ -195,6 +195,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     # One engine failing (a start, a refused probe) leaves the others' results.
                     print(f"[{engine} {dtype}] failed: {exc}", file=sys.stderr)
                     runs.append({"engine": engine, "dtype": dtype, "error": str(exc)[-2000:]})
+                # What is done so far survives an interrupted run.
+                partial = Path(args.out) / "agent.partial.json"
+                partial.write_text(json.dumps({"shape": shape.__dict__, "runs": runs}, indent=1))
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": shlex.join(["radixkv", *sys.argv[1:]]),
