@@ -2,7 +2,8 @@
 
 serve | demo | generate | chat | replay | cluster up | bench {tree, engine, tiers, storage,
 eviction, serve, compare, grammar, peers, answers, cluster, agent}. (The maintainers' tools, e.g.
-the report that writes docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
+the report that writes docs/benchmarks.md, are scripts outside the package:
+`python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
