@@ -1,8 +1,9 @@
 """`radixkv` command line.
 
 serve | demo | generate | chat | replay | cluster up | bench {tree, engine, tiers, storage,
-eviction, serve, compare, grammar, peers, answers, cluster}. (The maintainers' tools, e.g. the
-report that writes docs/benchmarks.md, are scripts outside the package: `python scripts/report.py`.)
+eviction, serve, compare, grammar, peers, answers, cluster, agent}. (The maintainers' tools, e.g.
+the report that writes docs/benchmarks.md, are scripts outside the package:
+`python scripts/report.py`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -34,6 +35,7 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.bench.peers", True),  # bench peers
     ("radixkv.bench.answers", True),  # bench answers
     ("radixkv.bench.cluster", True),  # bench cluster
+    ("radixkv.bench.agent", True),  # bench agent
 )
 
 

@@ -218,3 +218,28 @@ def test_trace_replay_truncates_to_max_prompt_len(tmp_path: Path) -> None:
     for a, b in zip(full.requests, cut.requests, strict=True):
         assert b.prompt_ids == a.prompt_ids[:40]
     assert naive_hits([r.prompt_ids for r in cut.requests]) == [0, 40, 32, 0]
+
+
+def test_trace_replay_puts_a_shared_tool_list_in_front(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    from radixkv.bench.tokens import id_source, load_tokenizer
+
+    path = tmp_path / "t.jsonl"
+    _write_mooncake(path)
+    full = trace_workload(TOKENS, trace=str(path), length_scale=16)
+    tok = id_source(load_tokenizer(default_model_dir))
+    for source in (TOKENS, tok):
+        w = trace_workload(source, trace=str(path), length_scale=16, tools_len=300)
+        tools = w.requests[0].prompt_ids[:300]
+        assert w.params["tools_len"] == 300
+        for a, b in zip(full.requests, w.requests, strict=True):
+            assert b.prompt_ids[:300] == tools and len(b.prompt_ids) == 300 + len(a.prompt_ids)
+        # every request now shares the tool list beyond what the trace shared
+        assert naive_hits([r.prompt_ids for r in w.requests]) == [0, 364, 332, 300]
+    text = tok.tokenizer.decode(w.requests[0].prompt_ids[:300])
+    assert text.startswith('{"type": "function", "function": {"name": "mcp__')
+    cut = trace_workload(
+        TOKENS, trace=str(path), length_scale=16, tools_len=300, max_prompt_len=320
+    )
+    assert max(len(r.prompt_ids) for r in cut.requests) == 320

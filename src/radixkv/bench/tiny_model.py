@@ -5,6 +5,9 @@ not depend on them.
 
 - `tiny` (`radixkv bench cluster --model tiny`): hidden 64, 2 layers, 4,096 positions, small
   enough that several replicas fit on a CPU machine.
+- `tiny-32k` (`radixkv bench agent --model tiny-32k`): the same at 32,768 positions with Llama
+  3's rope (theta 500,000, `llama3` scaling of factor 8 over 4,096 original positions): 32k-token
+  sessions in seconds.
 - `1b` (`radixkv bench peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
   heads of 64, MLP 8,192, rope theta 500,000, tied embeddings) with the default tokenizer's
   49,152-token vocabulary; float32 on disk (about 4.3 GB) so that float32 and bfloat16 servers
@@ -52,6 +55,23 @@ TINY = SeededLlama(
         "max_position_embeddings": 4096,
     },
 )
+# The tiny shape at 32k positions, Llama 3's way: rope theta 500,000 and `llama3` frequency
+# scaling (factor 8 over an original 4,096 positions), for 32k-token sessions in tests and benches.
+TINY_32K = SeededLlama(
+    "tiny-llama-32k",
+    {
+        **TINY.config,
+        "max_position_embeddings": 32768,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 4096,
+        },
+    },
+)
 LLAMA_1B = SeededLlama(
     "llama-3.2-1b-shaped",
     {
@@ -70,7 +90,8 @@ LLAMA_1B = SeededLlama(
         "initializer_range": 0.02,
     },
 )
-MODELS: dict[str, SeededLlama] = {TINY_NAME: TINY, ONE_B_NAME: LLAMA_1B}
+TINY_32K_NAME = "tiny-32k"
+MODELS: dict[str, SeededLlama] = {TINY_NAME: TINY, TINY_32K_NAME: TINY_32K, ONE_B_NAME: LLAMA_1B}
 
 
 def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -> Path:
@@ -107,7 +128,7 @@ def tiny_llama(out: Path | None = None) -> Path:
 
 
 def resolve_model(name: str | None) -> str | None:
-    """A name of `MODELS` (`tiny`, `1b`) → its checkpoint's path, built on first use; anything
-    else unchanged (None: the default model)."""
+    """A name of `MODELS` (`tiny`, `tiny-32k`, `1b`) → its checkpoint's path, built on first
+    use; anything else unchanged (None: the default model)."""
     spec = MODELS.get(name) if name is not None else None
     return str(seeded_llama(spec)) if spec is not None else name

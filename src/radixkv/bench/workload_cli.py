@@ -79,6 +79,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             "max_sessions",
             "max_prompt_len",
             "output_len",
+            "tools_len",
         ),
     ),
 }
@@ -110,7 +111,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         ("--depth", "tree-of-thought: depth D"),
         ("--num-sessions", "agent: sessions A"),
         ("--num-steps", "agent: steps K"),
-        ("--tools-len", "agent: tool-list tokens"),
+        ("--tools-len", "agent: tool-list tokens; trace: a shared tool list before each request"),
         ("--observation-len", "agent: observation tokens per step"),
         ("--system-len", "system prompt tokens S"),
         ("--question-len", "question / thought tokens Q"),

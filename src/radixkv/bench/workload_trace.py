@@ -7,6 +7,11 @@ token counts shrink about k-fold. Outputs shrink the same way unless `output_len
 Arrival offsets are the trace's, relative to its first request, multiplied by `time_scale`.
 `max_prompt_len` truncates longer prompts (after scaling) to fit a model's context.
 
+`tools_len = n` puts one shared tool list of n tokens in front of every request, as an agent
+client sends its tools before the conversation (the Claude Code traces hash what follows the
+client's prefix; this restores a prefix every session shares): the tokens of generated function
+tools (`radixkv.bench.agent_tools`) when the token source has a tokenizer, else seeded ids.
+
 Each block id maps to a deterministic run of tokens drawn from the token source's pool with a
 seeded 64-bit mix of (block id, position in block), so equal block ids give equal tokens and
 distinct ids collide only by chance.
@@ -54,6 +59,7 @@ def trace_workload(
     max_sessions: int | None = None,
     max_prompt_len: int | None = None,
     output_len: int | None = None,
+    tools_len: int | None = None,
     seed: int = 0,
 ) -> Workload:
     """Requests of `trace` in arrival order (see the module doc for scaling)."""
@@ -67,6 +73,7 @@ def trace_workload(
     if max_requests is not None:
         loaded = loaded[:max_requests]
     t0 = loaded[0].arrival_s if loaded else 0.0
+    prefix = tool_prefix(tokens, tools_len, seed) if tools_len else []
     reqs: list[BenchRequest] = []
     for i, tr in enumerate(loaded):
         block_len = max(1, tr.block_size // length_scale)
@@ -78,12 +85,12 @@ def trace_workload(
         length = full * block_len + math.ceil(rest * block_len / tr.block_size)
         length = max(1, min(length, len(ids) * block_len))
         if max_prompt_len is not None:  # keeps the leading blocks, so the prefix structure
-            length = min(length, max_prompt_len)
+            length = max(1, min(length, max_prompt_len - len(prefix)))
         out = output_len if output_len is not None else max(1, -(-tr.output_length // length_scale))
         reqs.append(
             BenchRequest(
                 index=i,
-                prompt_ids=block_tokens(ids, block_len, length, tokens, seed),
+                prompt_ids=prefix + block_tokens(ids, block_len, length, tokens, seed),
                 max_tokens=out,
                 group=tr.session,
                 arrival_s=(tr.arrival_s - t0) * time_scale,
@@ -97,6 +104,21 @@ def trace_workload(
         max_sessions=max_sessions,
         max_prompt_len=max_prompt_len,
         output_len=output_len,
+        tools_len=tools_len,
         block_size=loaded[0].block_size if loaded else 0,
     )
     return Workload(name="trace", requests=reqs, seed=seed, params=params)
+
+
+def tool_prefix(tokens: TokenSource, n: int, seed: int) -> list[int]:
+    """`n` token ids of a tool list: generated tools encoded by the source's tokenizer, or seeded
+    ids from its pool when it has none."""
+    if tokens.tokenizer is None:
+        rng = np.random.default_rng([seed, 0x7001])
+        return tokens.draw(rng, n)
+    from radixkv.bench.agent_tools import tool_list, tools_text
+
+    def count(text: str) -> int:
+        return len(tokens.encode(text))
+
+    return tokens.encode(tools_text(tool_list(count, max(n, 64), seed)))[:n]
