@@ -67,7 +67,7 @@ struct F32Products {
 
   // S^T[c][rows] = sum_d K[c][d] Q^T[d][rows] for keys [0, nk).
   template <int RV>
-  static void scores(const Problem& P, int64_t nk, Scratch& w) {
+  static void scores_wide(const Problem& P, int64_t nk, Scratch& w) {
     const int64_t D = P.D;
     const float* qt = w.qt;
     float* st = w.st.data();
@@ -104,7 +104,7 @@ struct F32Products {
 
   // O^T[d][rows] = alpha[rows] * O^T[d][rows] + sum_c V[c][d] P^T[c][rows].
   template <int RV>
-  static void accumulate(const Problem& P, int64_t nk, const __m512* alpha, Scratch& w) {
+  static void accumulate_wide(const Problem& P, int64_t nk, const __m512* alpha, Scratch& w) {
     const int64_t D = P.D;
     const float* pt = w.st.data();
     float* ot = w.ot;
@@ -128,6 +128,101 @@ struct F32Products {
         for (int v = 0; v < RV; ++v) _mm512_storeu_ps(ot + (d + i) * kRows + v * 16, acc[i][v]);
     }
   }
+
+#if defined(RADIXKV_ON_AVX2)
+  // The avx2 build's tiles, in native 256-bit vectors: the 16-lane tiles above need 32
+  // registers (16 accumulators of two halves) and spill on 16 ymm. Here a tile is 2 keys (or 2
+  // dims) x YN row vectors of 8 (at most 4: 8 accumulators + 2 broadcasts + 1 load), run over
+  // the rows 32 at a time. Each lane's chain of FMAs is the same as above, in the same order.
+  template <int YN>
+  static void scores_y(const float* qt, const float* const* krow, int64_t D, int64_t nk,
+                       int64_t r0, float* st) {
+    int64_t c = 0;
+    for (; c + 2 <= nk; c += 2) {
+      __m256 a0[YN], a1[YN];
+      for (int j = 0; j < YN; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) {
+        const __m256 b0 = _mm256_broadcast_ss(krow[c] + d);
+        const __m256 b1 = _mm256_broadcast_ss(krow[c + 1] + d);
+        for (int j = 0; j < YN; ++j) {
+          const __m256 q = _mm256_loadu_ps(qt + d * kRows + r0 + 8 * j);
+          a0[j] = _mm256_fmadd_ps(b0, q, a0[j]);
+          a1[j] = _mm256_fmadd_ps(b1, q, a1[j]);
+        }
+      }
+      for (int j = 0; j < YN; ++j) {
+        _mm256_storeu_ps(st + c * kRows + r0 + 8 * j, a0[j]);
+        _mm256_storeu_ps(st + (c + 1) * kRows + r0 + 8 * j, a1[j]);
+      }
+    }
+    if (c < nk) {
+      __m256 a0[YN];
+      for (int j = 0; j < YN; ++j) a0[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) {
+        const __m256 b0 = _mm256_broadcast_ss(krow[c] + d);
+        for (int j = 0; j < YN; ++j)
+          a0[j] = _mm256_fmadd_ps(b0, _mm256_loadu_ps(qt + d * kRows + r0 + 8 * j), a0[j]);
+      }
+      for (int j = 0; j < YN; ++j) _mm256_storeu_ps(st + c * kRows + r0 + 8 * j, a0[j]);
+    }
+  }
+
+  template <int YN>
+  static void accumulate_y(const float* pt, const float* const* vrow, int64_t D, int64_t nk,
+                           int64_t r0, const float* alpha, float* ot) {
+    for (int64_t d = 0; d < D; d += 2) {  // D is a multiple of 16
+      __m256 a0[YN], a1[YN];
+      for (int j = 0; j < YN; ++j) {
+        const __m256 al = _mm256_loadu_ps(alpha + r0 + 8 * j);
+        a0[j] = _mm256_mul_ps(_mm256_loadu_ps(ot + d * kRows + r0 + 8 * j), al);
+        a1[j] = _mm256_mul_ps(_mm256_loadu_ps(ot + (d + 1) * kRows + r0 + 8 * j), al);
+      }
+      for (int64_t c = 0; c < nk; ++c) {
+        const __m256 b0 = _mm256_broadcast_ss(vrow[c] + d);
+        const __m256 b1 = _mm256_broadcast_ss(vrow[c] + d + 1);
+        for (int j = 0; j < YN; ++j) {
+          const __m256 p = _mm256_loadu_ps(pt + c * kRows + r0 + 8 * j);
+          a0[j] = _mm256_fmadd_ps(b0, p, a0[j]);
+          a1[j] = _mm256_fmadd_ps(b1, p, a1[j]);
+        }
+      }
+      for (int j = 0; j < YN; ++j) {
+        _mm256_storeu_ps(ot + d * kRows + r0 + 8 * j, a0[j]);
+        _mm256_storeu_ps(ot + (d + 1) * kRows + r0 + 8 * j, a1[j]);
+      }
+    }
+  }
+
+  template <int RV>
+  static void scores(const Problem& P, int64_t nk, Scratch& w) {
+    constexpr int64_t full = RV / 2 * 32;  // rows in whole groups of 4 row vectors of 8
+    for (int64_t r0 = 0; r0 < full; r0 += 32) scores_y<4>(w.qt, w.krow, P.D, nk, r0, w.st.data());
+    if constexpr (RV % 2 != 0) scores_y<2>(w.qt, w.krow, P.D, nk, full, w.st.data());
+  }
+
+  template <int RV>
+  static void accumulate(const Problem& P, int64_t nk, const __m512* alpha, Scratch& w) {
+    alignas(32) float al[RV * 16];
+    for (int v = 0; v < RV; ++v) {
+      _mm256_storeu_ps(al + 16 * v, alpha[v].lo);
+      _mm256_storeu_ps(al + 16 * v + 8, alpha[v].hi);
+    }
+    constexpr int64_t full = RV / 2 * 32;
+    const float* pt = w.st.data();
+    for (int64_t r0 = 0; r0 < full; r0 += 32) accumulate_y<4>(pt, w.vrow, P.D, nk, r0, al, w.ot);
+    if constexpr (RV % 2 != 0) accumulate_y<2>(pt, w.vrow, P.D, nk, full, al, w.ot);
+  }
+#else
+  template <int RV>
+  static void scores(const Problem& P, int64_t nk, Scratch& w) {
+    scores_wide<RV>(P, nk, w);
+  }
+
+  template <int RV>
+  static void accumulate(const Problem& P, int64_t nk, const __m512* alpha, Scratch& w) {
+    accumulate_wide<RV>(P, nk, alpha, w);
+  }
+#endif
 };
 
 }  // namespace radixkv_extend
