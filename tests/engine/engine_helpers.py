@@ -75,14 +75,7 @@ def reference_greedy(lm: Any, prompt: list[int], max_tokens: int) -> list[int]:
         n = len(tokens)
         pool = KVPool(lm.config.pool_config(n, torch.float32, "cpu"))
         slots = torch.arange(n, dtype=torch.int64)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(tokens),
-            positions=torch.arange(n),
-            out_slots=slots,
-            extend_lens=(n,),
-            seq_lens=(n,),
-            context_slots=(slots,),
-        )
+        batch = ForwardBatch.from_contexts(torch.tensor(tokens), [slots], [n])
         with torch.inference_mode():
             tok = int(lm.model(batch, pool)[0].argmax())
         out.append(tok)

@@ -119,7 +119,7 @@ def test_hybrid_batch_errors(tiny_model_dir: Callable[..., Path]) -> None:
         lm.model(batch, ModelPools(full=pools.full))
     gemma = load_model(tiny_model_dir("gemma3"))
     gpools = gemma.config.pool_spec().make_pools(16, 16, 0)
-    with pytest.raises(ValueError, match="swa_context_slots"):
+    with pytest.raises(ValueError, match="swa_slot_table"):
         gemma.model(ForwardBatch.from_contexts([5, 6, 7], [torch.arange(3)], [3]), gpools)
     with pytest.raises(ValueError, match="same positions"):
         ForwardBatch.from_contexts([5], [torch.arange(3)], [1], swa_context_slots=[torch.arange(2)])

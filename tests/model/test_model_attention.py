@@ -12,20 +12,11 @@ KV, G, D = 2, 3, 8
 
 
 def _batch(lens: list[int], extend: list[int], slots: torch.Tensor) -> ForwardBatch:
-    ctx, outs, pos, off = [], [], [], 0
-    for s, e in zip(lens, extend, strict=True):
+    ctx, off = [], 0
+    for s in lens:
         ctx.append(slots[off : off + s])
-        outs.append(slots[off + s - e : off + s])
-        pos.append(torch.arange(s - e, s))
         off += s
-    return ForwardBatch(
-        input_ids=torch.zeros(sum(extend), dtype=torch.int64),
-        positions=torch.cat(pos),
-        out_slots=torch.cat(outs),
-        extend_lens=tuple(extend),
-        seq_lens=tuple(lens),
-        context_slots=tuple(ctx),
-    )
+    return ForwardBatch.from_contexts(torch.zeros(sum(extend), dtype=torch.int64), ctx, extend)
 
 
 def _naive(
@@ -62,7 +53,7 @@ def test_kernels_match_naive(
     v = torch.randn(num_slots, KV, D, generator=g)
     q = torch.randn(batch.num_tokens, KV * G, D, generator=g)
     attn = TorchAttention(kernel)
-    got = attn.attend(q, k, v, attn.prepare(batch, torch.device("cpu")), window, D**-0.5)
+    got = attn.attend(q, k, v, attn.prepare(batch), window, D**-0.5)
     torch.testing.assert_close(got, _naive(q, k, v, batch, window), rtol=1e-5, atol=1e-5)
 
 
@@ -91,7 +82,7 @@ def test_cpp_decode_kernel_matches_naive(
     v = torch.randn(num_slots, KV, D, generator=g)
     q = torch.randn(batch.num_tokens, KV * G, D, generator=g)
     attn = TorchAttention("sdpa", _cpp_kernel())
-    got = attn.attend(q, k, v, attn.prepare(batch, torch.device("cpu")), window, D**-0.5)
+    got = attn.attend(q, k, v, attn.prepare(batch), window, D**-0.5)
     torch.testing.assert_close(got, _naive(q, k, v, batch, window), rtol=1e-5, atol=1e-5)
 
 
@@ -140,32 +131,41 @@ def test_unknown_kernel() -> None:
 
 def test_windowed_layers_gather_only_visible_keys() -> None:
     slots = torch.randperm(40)
-    decode = TorchAttention().prepare(_batch([3, 10, 7], [1, 1, 1], slots), torch.device("cpu"))
+    decode = TorchAttention().prepare(_batch([3, 10, 7], [1, 1, 1], slots))
     assert decode.decode is not None
     assert decode.decode.view(None).width == 10
     view = decode.decode.view(4)
     assert view.width == 4
     assert view.valid.sum(1).tolist() == [3, 4, 4]
     assert view.slots.view(3, 4)[1].tolist() == slots[3 + 6 : 3 + 10].tolist()
-    extend = TorchAttention().prepare(_batch([12], [5], slots), torch.device("cpu"))
-    item = extend.extends[0]
+    assert view.slots.view(3, 4)[0].tolist() == [*slots[:3].tolist(), 0]  # padding: slot 0
+    extend = TorchAttention().prepare(_batch([12], [5], slots))
+    item = extend.extend_items()[0]
     assert (item.first_key(None), item.first_key(4), item.first_key(100)) == (0, 4, 0)
 
 
 def test_from_contexts_derives_positions_and_out_slots() -> None:
+    """The batch's tensors against values written out by hand: three requests with contexts of
+    7, 3 and 12 slots extending by 2, 3 and 1."""
     lens, extend = [7, 3, 12], [2, 3, 1]
     slots = torch.randperm(40)
-    explicit = _batch(lens, extend, slots)
-    offsets = [0, 7, 10]
-    ctx = [slots[o : o + n] for o, n in zip(offsets, lens, strict=True)]
-    derived = ForwardBatch.from_contexts(explicit.input_ids, ctx, extend)
-    assert derived.seq_lens == explicit.seq_lens and derived.extend_lens == explicit.extend_lens
-    assert torch.equal(derived.positions, explicit.positions)
-    assert torch.equal(derived.out_slots, explicit.out_slots)
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(derived.context_slots, explicit.context_slots, strict=True)
-    )
+    ctx = [slots[0:7], slots[7:10], slots[10:22]]
+    b = ForwardBatch.from_contexts(torch.arange(6), ctx, extend)
+    assert b.seq_lens == (7, 3, 12) and b.extend_lens == (2, 3, 1) and b.prefix_lens == (5, 0, 11)
+    assert b.seq_lens_t.tolist() == [7, 3, 12] and b.prefix_lens_t.tolist() == [5, 0, 11]
+    assert b.extend_lens_t.tolist() == extend and b.q_start.tolist() == [0, 2, 5, 6]
+    assert b.positions.tolist() == [5, 6, 0, 1, 2, 11]
+    want_out = [*slots[5:7].tolist(), *slots[7:10].tolist(), int(slots[21])]
+    assert b.out_slots.tolist() == want_out
+    assert b.slot_table.shape == (3, 12)
+    for r, c in enumerate(ctx):
+        assert b.slot_table[r, : len(c)].tolist() == c.tolist()
+        assert torch.equal(b.context_slots[r], c)
+    same = ForwardBatch.from_table(torch.arange(6), b.slot_table, extend, lens)
+    for name in ("positions", "out_slots", "slot_table", "q_start", "prefix_lens_t"):
+        assert torch.equal(getattr(same, name), getattr(b, name)), name
+    with pytest.raises(ValueError, match="narrower"):
+        ForwardBatch.from_table(torch.arange(6), b.slot_table[:, :8], extend, lens)
 
 
 def _cpp_extend():  # type: ignore[no-untyped-def]
@@ -208,7 +208,7 @@ def test_cpp_extend_kernel_matches_naive(
     k, v = pool[0], pool[1]
     q = torch.randn(batch.num_tokens, kv * grp, head_dim, generator=g).to(dtype)
     attn = TorchAttention("sdpa", _cpp_kernel(), _cpp_extend())
-    meta = attn.prepare(batch, torch.device("cpu"))
+    meta = attn.prepare(batch)
     assert meta.packed is not None
     got = attn.attend(q, k, v, meta, window, head_dim**-0.5).double()
     want, row = [], 0

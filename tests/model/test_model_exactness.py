@@ -58,15 +58,12 @@ def step(
         ext.append(n)
         seq.append(start + n)
         ctx.append(req.slots.clone())
-    batch = ForwardBatch(
-        input_ids=torch.tensor(ids, dtype=torch.int64),
-        positions=torch.cat(pos),
-        out_slots=torch.cat(out_slots),
-        extend_lens=tuple(ext),
-        seq_lens=tuple(seq),
-        context_slots=tuple(ctx),
-        return_all_logits=True,
+    batch = ForwardBatch.from_contexts(
+        torch.tensor(ids, dtype=torch.int64), ctx, ext, return_all_logits=True
     )
+    assert torch.equal(batch.positions, torch.cat(pos))
+    assert torch.equal(batch.out_slots, torch.cat(out_slots))
+    assert batch.seq_lens == tuple(seq)
     logits = lm.model(batch, pool)
     assert logits.dtype == torch.float32 and logits.shape == (sum(ext), lm.config.vocab_size)
     return list(logits.split(ext))
@@ -168,13 +165,8 @@ def test_last_token_logits_by_default(setups: dict) -> None:
     seqs = [tokens(n, seed=n) for n in (9, 4)]
     pool = KVPool(lm.config.pool_config(32))
     slots = torch.randperm(32)
-    batch = ForwardBatch(
-        input_ids=torch.tensor(seqs[0] + seqs[1]),
-        positions=torch.cat([torch.arange(9), torch.arange(4)]),
-        out_slots=slots[:13],
-        extend_lens=(9, 4),
-        seq_lens=(9, 4),
-        context_slots=(slots[:9], slots[9:13]),
+    batch = ForwardBatch.from_contexts(
+        torch.tensor(seqs[0] + seqs[1]), [slots[:9], slots[9:13]], [9, 4]
     )
     logits = lm.model(batch, pool)
     assert logits.shape == (2, lm.config.vocab_size)

@@ -36,28 +36,31 @@ class ModelRunner:
         self.swa_table = swa_table
 
     def build(self, sched: ScheduledBatch) -> ForwardBatch:
+        """The step's batch: token ids, and each request's slot-table row up to its new length
+        gathered from the request → token table(s) in one op; lengths, positions and out slots
+        follow as tensors (ForwardBatch.from_table)."""
         ids: list[np.ndarray] = []
-        contexts: list[torch.Tensor] = []
+        rows: list[int] = []
+        ends: list[int] = []
         for req, n in zip(sched.reqs, sched.extend_lens, strict=True):
             end = req.kv_len + n
             ids.append(req.tokens.array(req.kv_len, end))
-            contexts.append(self.table.get(req.row, 0, end))
+            rows.append(req.row)
+            ends.append(end)
         flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
-        if self.pools is None:
-            return ForwardBatch.from_contexts(flat, contexts, sched.extend_lens, device=self.device)
-        swa = None
-        if self.swa_table is not None:
-            swa = [
-                self.swa_table.get(r.row, 0, r.kv_len + n)
-                for r, n in zip(sched.reqs, sched.extend_lens, strict=True)
-            ]
-        state = [r.hybrid.state_slot for r in sched.reqs] if self.pools.state is not None else None
-        return ForwardBatch.from_contexts(
+        swa = state = None
+        if self.pools is not None:
+            if self.swa_table is not None:
+                swa = self.swa_table.gather(rows, ends)
+            if self.pools.state is not None:
+                state = [r.hybrid.state_slot for r in sched.reqs]
+        return ForwardBatch.from_table(
             flat,
-            contexts,
+            self.table.gather(rows, ends),
             sched.extend_lens,
+            ends,
             device=self.device,
-            swa_context_slots=swa,
+            swa_slot_table=swa,
             state_slots=state,
         )
 

@@ -86,5 +86,19 @@ class ReqToTokenTable:
             )
         return self.slots[row, start:end]
 
+    def gather(self, rows: Sequence[int], ends: Sequence[int]) -> torch.Tensor:
+        """[len(rows), max(ends)] int64: row i holds the slots of positions [0, ends[i]) of
+        table row rows[i] (each within its capacity), then whatever the table holds there
+        (stale columns, never to be read). One gather on the table's device: a step's slot
+        table (radixkv.model.batch.ForwardBatch)."""
+        for row, end in zip(rows, ends, strict=True):
+            if end > self._capacity[row]:
+                raise IndexError(
+                    f"positions up to {end} requested, row {row} holds {self._capacity[row]}"
+                )
+        width = max(ends, default=0)
+        index = torch.tensor(list(rows), dtype=torch.int64).to(self.slots.device)
+        return self.slots[:, : max(width, 1)].index_select(0, index)
+
     def get_numpy(self, row: int, start: int, end: int) -> npt.NDArray[np.int64]:
         return self.get(row, start, end).cpu().numpy().astype(np.int64, copy=True)

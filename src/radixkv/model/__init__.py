@@ -17,15 +17,17 @@ Usage::
     lm.tokenizer.eos_token_ids          # also lm.config.eos_token_ids
     lm.generation_config                # dict from generation_config.json ({} if absent)
 
-The model writes each new token's K/V to `batch.out_slots`, then attends over
-`batch.context_slots[r]` with causal masking by position (and the layer's sliding window). Other
+Each attention layer hands its new tokens' K/V to the attention backend (radixkv.model.attention),
+which writes them at `batch.out_slots`, then attends over request r's context
+`batch.slot_table[r, :seq_lens[r]]` with causal masking by position (and the layer's sliding
+window). Other
 architectures raise `UnsupportedArchitectureError` naming them.
 
 Hybrid models (and any model, given ModelPools)::
 
     spec = lm.config.pool_spec()        # FULL / SWA layer counts, window, state tensors per layer
     pools = spec.make_pools(full_slots, swa_slots, state_slots, lm.dtype, "cpu")
-    logits = lm.model(batch, pools)     # batch also carries swa_context_slots / state_slots
+    logits = lm.model(batch, pools)     # batch also carries swa_slot_table / state_slots
 
 See radixkv.model.batch.ForwardBatch for what each component reads and writes, and
 radixkv.model.hybrid_simple.Session for a standalone driver.

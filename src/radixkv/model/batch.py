@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -12,34 +14,109 @@ import torch
 class ForwardBatch:
     """One step over R requests, each extending its context by `extend_lens[r]` new tokens.
 
-    New tokens of all requests are concatenated in request order (length T = sum(extend_lens)).
-    Request r's context after this step has `seq_lens[r]` tokens; its first `prefix_lens[r]`
-    (= seq_lens - extend_lens) are already in the KV pool (cache hit or earlier chunks/steps), and
-    `context_slots[r]` ([seq_lens[r]] int64) says where every context token's K/V lives, the new
-    tokens' slots included. The model writes the new tokens' K/V to `out_slots` before attending,
-    then token i of request r attends to context positions <= its own position.
+    New tokens of all requests are concatenated in request order (length T = sum(extend_lens));
+    request r's are rows [q_start[r], q_start[r + 1]). Request r's context after this step has
+    `seq_lens[r]` tokens; its first `prefix_lens[r]` (= seq_lens - extend_lens) are already in
+    the KV pool (cache hit or earlier chunks/steps). `slot_table[r, i]` is the pool slot of its
+    context position i, for i < seq_lens[r] (the new tokens' slots included; columns past it are
+    padding, never read): the page table at the granularity of one slot (a page of P slots is
+    P consecutive table entries). The attention backend writes the new tokens' K/V at
+    `out_slots` (= each new token's table entry) before attending, then token i of request r
+    attends to context positions <= its own position.
+
+    Tensors are int64 on the model's device and are what a backend reads (a device kernel, a
+    captured graph); the tuples `extend_lens` / `seq_lens` are their host mirror, for decisions
+    made on the host (which requests are one-token, per-request loops of the eager fallbacks)
+    without a device sync. The runner builds it once per step (`from_table`).
 
     The model never knows whether a slot came from a cache hit.
 
     Hybrid models (see radixkv.memory.hybrid) add two components; both fields are None otherwise:
-    - SWA layers (window W) write new K/V at `swa_out_slots` and read `swa_context_slots[r]`
-      ([seq_lens[r]] slots of the SWA pool). Positions p < prefix_lens[r] - W + 1 are never read
-      and may hold -1 (freed: out of every window of this step).
+    - SWA layers (window W) write new K/V at `swa_out_slots` and read `swa_slot_table` (slots of
+      the SWA pool, same shape as `slot_table`). Positions p < prefix_lens[r] - W + 1 are never
+      read and may hold -1 (freed: out of every window of this step).
     - STATE layers continue request r's state in StatePool slot `state_slots[r]`: it must hold the
       state after exactly prefix_lens[r] tokens (ignored, zeros used, when prefix_lens[r] == 0) and
       holds the state after seq_lens[r] tokens when the forward returns (updated in place).
+
+    `attention`, when set, is the attention metadata of this step per KV component ("full",
+    "swa") prepared by the caller (a graph runner: `AttentionBackend.capture` / `replay`); the
+    model then uses it instead of calling the backend's `prepare`.
     """
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64, position of each new token within its request
     out_slots: torch.Tensor  # [T] int64, the pool slot each new token's K/V is written to
-    extend_lens: tuple[int, ...]  # [R]
-    seq_lens: tuple[int, ...]  # [R]
-    context_slots: tuple[torch.Tensor, ...]  # R tensors of [seq_lens[r]] int64
+    slot_table: torch.Tensor  # [R, W] int64, W >= max(seq_lens): context slots per request
+    seq_lens_t: torch.Tensor  # [R] int64
+    prefix_lens_t: torch.Tensor  # [R] int64
+    extend_lens_t: torch.Tensor  # [R] int64
+    q_start: (
+        torch.Tensor
+    )  # [R + 1] int64: request r's new tokens are rows [q_start[r], q_start[r+1])
+    extend_lens: tuple[int, ...]  # [R] host mirror
+    seq_lens: tuple[int, ...]  # [R] host mirror
     return_all_logits: bool = False  # tests: logits for every new token, not only the last
-    swa_context_slots: tuple[torch.Tensor, ...] | None = None  # R tensors of [seq_lens[r]] int64
+    swa_slot_table: torch.Tensor | None = None  # [R, W] int64 slots of the SWA pool
     swa_out_slots: torch.Tensor | None = None  # [T] int64, SWA-pool slot of each new token
     state_slots: tuple[int, ...] | None = None  # [R] working-state slot of each request
+    attention: Mapping[str, Any] | None = None  # prepared metadata per KV component
+
+    @classmethod
+    def from_table(
+        cls,
+        input_ids: Sequence[int] | torch.Tensor,
+        slot_table: torch.Tensor,
+        extend_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        *,
+        device: torch.device | str | None = None,
+        return_all_logits: bool = False,
+        swa_slot_table: torch.Tensor | None = None,
+        state_slots: Sequence[int] | None = None,
+    ) -> ForwardBatch:
+        """The batch whose request r has context slots `slot_table[r, :seq_lens[r]]`, the last
+        `extend_lens[r]` of them new: lengths, positions and out slots follow, as tensors built
+        with a few vectorized ops (no per-request work)."""
+        if device is None:
+            device = slot_table.device
+        ext, seq = tuple(int(e) for e in extend_lens), tuple(int(s) for s in seq_lens)
+        if len(ext) != len(seq) or len(seq) != slot_table.shape[0]:
+            raise ValueError("one extend length, one sequence length and one table row per request")
+        if any(e < 1 or e > s for e, s in zip(ext, seq, strict=True)):
+            raise ValueError("every request extends its context by 1..seq_len tokens")
+        if seq and max(seq) > slot_table.shape[1]:
+            raise ValueError("slot_table is narrower than the longest context")
+        host = torch.tensor([seq, ext], dtype=torch.int64).view(2, len(seq))
+        seq_t, ext_t = host[0], host[1]
+        prefix_t = seq_t - ext_t
+        q_start = torch.zeros(len(seq) + 1, dtype=torch.int64)
+        torch.cumsum(ext_t, 0, out=q_start[1:])
+        req = torch.repeat_interleave(torch.arange(len(seq)), ext_t)
+        positions = torch.arange(int(q_start[-1])) - torch.repeat_interleave(
+            q_start[:-1] - prefix_t, ext_t
+        )
+        table = slot_table.to(device).contiguous()
+        req, positions = req.to(device), positions.to(device)
+        swa = None if swa_slot_table is None else swa_slot_table.to(device).contiguous()
+        if swa is not None and swa.shape[0] != table.shape[0]:
+            raise ValueError("swa_slot_table needs one row per request")
+        return cls(
+            input_ids=torch.as_tensor(input_ids, dtype=torch.int64).to(device),
+            positions=positions,
+            out_slots=table[req, positions],
+            slot_table=table,
+            seq_lens_t=seq_t.to(device),
+            prefix_lens_t=prefix_t.to(device),
+            extend_lens_t=ext_t.to(device),
+            q_start=q_start.to(device),
+            extend_lens=ext,
+            seq_lens=seq,
+            return_all_logits=return_all_logits,
+            swa_slot_table=swa,
+            swa_out_slots=None if swa is None else swa[req, positions],
+            state_slots=None if state_slots is None else tuple(int(s) for s in state_slots),
+        )
 
     @classmethod
     def from_contexts(
@@ -54,36 +131,37 @@ class ForwardBatch:
         state_slots: Sequence[int] | None = None,
     ) -> ForwardBatch:
         """The batch in which request r's new tokens are the last `extend_lens[r]` positions of
-        its context `context_slots[r]`; positions, out_slots and seq_lens follow from that (and
-        swa_out_slots from `swa_context_slots`, which must have the same lengths)."""
-        seq_lens = tuple(int(c.shape[0]) for c in context_slots)
-        positions = [
-            torch.arange(s - e, s, dtype=torch.int64)
-            for s, e in zip(seq_lens, extend_lens, strict=True)
-        ]
-        out_slots = [c[c.shape[0] - e :] for c, e in zip(context_slots, extend_lens, strict=True)]
+        its context `context_slots[r]` (tests and tools; the runner uses `from_table`)."""
+        seq_lens = [int(c.shape[0]) for c in context_slots]
         if device is None:
             device = context_slots[0].device if context_slots else "cpu"
-        swa_ctx = None if swa_context_slots is None else tuple(swa_context_slots)
-        swa_out = None
-        if swa_ctx is not None:
-            if tuple(int(c.shape[0]) for c in swa_ctx) != seq_lens:
+        swa = None
+        if swa_context_slots is not None:
+            if [int(c.shape[0]) for c in swa_context_slots] != seq_lens:
                 raise ValueError("swa_context_slots must cover the same positions as context_slots")
-            swa_out = torch.cat(
-                [c[c.shape[0] - e :] for c, e in zip(swa_ctx, extend_lens, strict=True)]
-            ).to(device)
-        return cls(
-            input_ids=torch.as_tensor(input_ids, dtype=torch.int64).to(device),
-            positions=torch.cat(positions).to(device),
-            out_slots=torch.cat(out_slots).to(device),
-            extend_lens=tuple(extend_lens),
-            seq_lens=seq_lens,
-            context_slots=tuple(context_slots),
+            swa = _pad(swa_context_slots)
+        return cls.from_table(
+            input_ids,
+            _pad(context_slots),
+            extend_lens,
+            seq_lens,
+            device=device,
             return_all_logits=return_all_logits,
-            swa_context_slots=swa_ctx,
-            swa_out_slots=swa_out,
-            state_slots=None if state_slots is None else tuple(int(s) for s in state_slots),
+            swa_slot_table=swa,
+            state_slots=state_slots,
         )
+
+    def to(self, device: torch.device | str) -> ForwardBatch:
+        """This batch with its tensors on `device` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.slot_table.device == device and self.input_ids.device == device:
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)
 
     @property
     def num_requests(self) -> int:
@@ -100,3 +178,25 @@ class ForwardBatch:
     @property
     def is_decode(self) -> bool:
         return all(e == 1 for e in self.extend_lens)
+
+    @property
+    def context_slots(self) -> tuple[torch.Tensor, ...]:
+        """Request r's context slots, `slot_table[r, :seq_lens[r]]` (views)."""
+        return tuple(self.slot_table[r, :s] for r, s in enumerate(self.seq_lens))
+
+    @property
+    def swa_context_slots(self) -> tuple[torch.Tensor, ...] | None:
+        """Request r's SWA-pool context slots (views), or None without an SWA component."""
+        if self.swa_slot_table is None:
+            return None
+        return tuple(self.swa_slot_table[r, :s] for r, s in enumerate(self.seq_lens))
+
+
+def _pad(contexts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[R, max len] int64 with row r = contexts[r] then zeros."""
+    width = max((int(c.shape[0]) for c in contexts), default=0)
+    device = contexts[0].device if contexts else "cpu"
+    table = torch.zeros((len(contexts), max(width, 1)), dtype=torch.int64, device=device)
+    for r, c in enumerate(contexts):
+        table[r, : c.shape[0]] = c
+    return table

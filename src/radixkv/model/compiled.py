@@ -2,10 +2,10 @@
 
 Dynamo traces the 30-odd layers into one graph in which the two non-element-wise calls are custom
 ops it does not look into: `radixkv::packed_linear` (the oneDNN-packed projections) and
-`radixkv::attention` (writes this step's K/V into the pool by slot, then attends through the
-model's AttentionBackend, whose per-forward metadata lives in a context object set around the
-call). Everything between them — residual add + RMSNorm, RoPE, SiLU * up, the casts — is fused
-by inductor into a few C++ loops per layer.
+`radixkv::attention` (the model's AttentionBackend `forward`: writes this step's K/V into the pool
+by slot, then attends, with the per-step metadata of the KVStep set around the call).
+Everything between them — residual add + RMSNorm, RoPE, SiLU * up, the casts — is fused by
+inductor into a few C++ loops per layer.
 
 Shapes: the token dimension is marked dynamic, so one graph serves every prefill length and decode
 batch size >= 2; a single token (one request decoding) gets its own specialised graph. Compiled
@@ -25,11 +25,12 @@ import torch
 from radixkv.model.linear import LIB, PackedLinear
 
 if TYPE_CHECKING:
-    from radixkv.model.llama import DecoderLayer, ForwardContext
+    from radixkv.model.attention import KVStep
+    from radixkv.model.llama import DecoderLayer
 
 # The context of the forward in progress; set only while a compiled stack runs (one engine thread
 # runs the model, so one slot suffices).
-_CTX: list[ForwardContext] = []
+_CTX: list[KVStep] = []
 
 
 LIB.define("attention(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")
@@ -84,7 +85,7 @@ class CompiledStack:
         return x
 
     def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: KVStep
     ) -> torch.Tensor:
         for t in (x, cos, sin):
             torch._dynamo.maybe_mark_dynamic(t, 0)

@@ -1,15 +1,15 @@
 """Shared pieces of the hybrid decoders (Gemma 3, Qwen3.5, LFM2, Qwen3-Next): layer kinds, the
-common config, per-component K/V attention, and the model skeleton (embed → layers → norm → head).
+common config, and the model skeleton (embed → layers → norm → head).
 
 Layer kinds: "full" (attention over the FULL pool), "swa" (sliding-window attention over the SWA
 pool), "state" (recurrent / convolution layers over the StatePool). The i-th layer of a kind uses
-layer `kind_index[i]` of that kind's pool. The contract with the engine is ForwardBatch (see its
-docstring) plus `radixkv.memory.hybrid.ModelPools`.
+layer `kind_index[i]` of that kind's pool; attention layers go through
+`radixkv.model.attention.KVStep` and the model's attention backend. The contract with the engine
+is ForwardBatch (see its docstring) plus `radixkv.memory.hybrid.ModelPools`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +19,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixkv.memory.hybrid import ModelPools, PoolSpec, StateLayerSpec
-from radixkv.memory.pool import KVPool, KVPoolConfig
-from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from radixkv.memory.pool import KVPoolConfig
+from radixkv.model.attention import (
+    AttentionBackend,
+    AttnLayer,
+    KVStep,
+    TorchAttention,
+    kv_components,
+)
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.blocks import Weights
 from radixkv.model.config import UnsupportedArchitectureError, _opt_int, base_fields
@@ -127,84 +133,13 @@ class HybridConfig:
         )
 
 
-def swa_view(batch: ForwardBatch) -> ForwardBatch:
-    """The batch as the SWA pool sees it: SWA slots in place of FULL ones. Freed positions (-1)
-    become slot 0: they are outside every window of this step, so never attended, and a backend
-    that gathers them anyway reads finite data it masks out."""
-    if batch.swa_context_slots is None or batch.swa_out_slots is None:
-        raise ValueError("this model has sliding-window layers: the batch needs swa_context_slots")
-    return dataclasses.replace(
-        batch,
-        context_slots=tuple(c.clamp(min=0) for c in batch.swa_context_slots),
-        out_slots=batch.swa_out_slots,
-    )
-
-
-@dataclass(frozen=True)
-class AttnLayer:
-    """Where attention layer i of a model reads and writes: its component, its layer in that
-    component's pool, its window, its score scale."""
-
-    kind: str
-    pool_layer: int
-    window: int | None
-    scale: float
-
-
-class KVComponents:
-    """Per-forward access to the FULL and SWA pools: write a layer's new K/V, attend by slot
-    (the LayerOps of an eager forward: `attend(layer, q, k, v)` and `linear`)."""
-
-    def __init__(
-        self,
-        batch: ForwardBatch,
-        pools: ModelPools,
-        spec: PoolSpec,
-        attention: AttentionBackend,
-        device: torch.device,
-        layers: dict[int, AttnLayer],
-    ) -> None:
-        self.attention = attention
-        self.layers = layers
-        self.pools: dict[str, KVPool] = {}
-        self.meta: dict[str, AttentionMetadata] = {}
-        self.out: dict[str, torch.Tensor] = {}
-        if spec.has_full:
-            if pools.full is None:
-                raise ValueError("this model has full-attention layers: pools.full is required")
-            self.pools["full"] = pools.full
-            self.meta["full"] = attention.prepare(batch, device)
-            self.out["full"] = batch.out_slots.to(device)
-        if spec.has_swa:
-            if pools.swa is None:
-                raise ValueError("this model has sliding-window layers: pools.swa is required")
-            view = swa_view(batch)
-            self.pools["swa"] = pools.swa
-            self.meta["swa"] = attention.prepare(view, device)
-            self.out["swa"] = view.out_slots.to(device)
-
-    def linear(self, lin: PackedLinear, x: torch.Tensor) -> torch.Tensor:
-        return lin(x)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write k/v ([T, KV, D]) of the model's layer `layer` to its component's pool, then
-        attend q."""
-        at = self.layers[layer]
-        pool = self.pools[at.kind]
-        # Invariant: new K/V are in the pool before attention reads the context by slot.
-        pool.write(at.pool_layer, self.out[at.kind], k, v)
-        return self.attention.attend(
-            q, pool.k[at.pool_layer], pool.v[at.pool_layer], self.meta[at.kind], at.window, at.scale
-        )
-
-
 @dataclass
 class Step:
     """Everything a layer needs in one forward (built once by HybridLM.forward)."""
 
     batch: ForwardBatch
     positions: torch.Tensor
-    kv: KVComponents
+    kv: KVStep
     pools: ModelPools
     cache: dict[str, Any]  # per-forward derived tensors (e.g. cos/sin per rope kind, state meta)
 
@@ -262,38 +197,21 @@ class HybridLM(nn.Module):
     def forward(self, batch: ForwardBatch, pools: ModelPools) -> torch.Tensor:
         if not isinstance(pools, ModelPools):
             raise TypeError(f"{self.config.architecture} needs ModelPools (memory.hybrid)")
-        device = self.device
-        x = F.embedding(batch.input_ids.to(device), self.embed)
+        batch = batch.to(self.device)
+        x = F.embedding(batch.input_ids, self.embed)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         if self._attn_layers is None:  # families set attn_scale after this class's __init__
             self._attn_layers = self.attn_layers()
-        kv = KVComponents(batch, pools, self.spec, self.attention, device, self._attn_layers)
-        step = Step(batch, batch.positions.to(device), kv, pools, {})
+        components = kv_components(batch, pools, self.spec)
+        kv = KVStep(self.attention, components, self._attn_layers, batch.attention)
+        step = Step(batch, batch.positions, kv, pools, {})
         self.prepare(step)
         for layer in self.layers:
             x = layer(x, step)
         if not batch.return_all_logits:
-            last = torch.tensor(batch.extend_lens, device=device).cumsum(0) - 1
-            x = x.index_select(0, last)
+            x = x.index_select(0, batch.q_start[1:] - 1)
         logits = self.head(self.final_norm(x)).float()
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
-
-
-def single_pool(
-    batch: ForwardBatch, pools: KVPool | ModelPools, spec: PoolSpec
-) -> tuple[ForwardBatch, KVPool]:
-    """For a one-component Llama-family model: the (batch, pool) its layers run on. A bare KVPool
-    is the legacy call (as is); ModelPools picks the FULL pool, or, for an all-sliding model
-    (Mistral), the SWA pool with the batch's SWA slots."""
-    if isinstance(pools, KVPool):
-        return batch, pools
-    if spec.has_swa:
-        if pools.swa is None:
-            raise ValueError("this model's layers are all sliding-window: pools.swa is required")
-        return swa_view(batch), pools.swa
-    if pools.full is None:
-        raise ValueError("pools.full is required")
-    return batch, pools.full

@@ -7,7 +7,6 @@ one matmul each at load time; names of the fused parameters are ours, the loader
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -16,7 +15,13 @@ from torch import nn
 
 from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
-from radixkv.model.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from radixkv.model.attention import (
+    AttentionBackend,
+    AttnLayer,
+    KVStep,
+    TorchAttention,
+    kv_components,
+)
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.blocks import (
     Attention,
@@ -27,7 +32,6 @@ from radixkv.model.blocks import (
     Weights,
 )
 from radixkv.model.config import LlamaConfig
-from radixkv.model.hybrid import single_pool
 from radixkv.model.layers import rms_norm, rope_cos_sin, rope_inv_freq
 from radixkv.model.linear import PackedLinear
 from radixkv.model.native_stack import NativeStack
@@ -35,30 +39,7 @@ from radixkv.model.native_stack import NativeStack
 if TYPE_CHECKING:
     from radixkv.model.compiled import CompiledStack
 
-__all__ = ["CausalLM", "DecoderLayer", "ForwardContext", "LayerOps", "WeightGetter"]
-
-
-@dataclass
-class ForwardContext:
-    """What attention needs during one forward: the pool, the backend and its per-forward
-    metadata, where this step's tokens' K/V go, and each layer's window and scale."""
-
-    pool: KVPool
-    backend: AttentionBackend
-    meta: AttentionMetadata
-    out_slots: torch.Tensor
-    windows: list[int | None]
-    scale: float
-
-    def linear(self, lin: PackedLinear, x: torch.Tensor) -> torch.Tensor:
-        return lin(x)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # Invariant: new K/V are in the pool before attention reads the context by slot.
-        self.pool.write(layer, self.out_slots, k, v)
-        return self.backend.attend(
-            q, self.pool.k[layer], self.pool.v[layer], self.meta, self.windows[layer], self.scale
-        )
+__all__ = ["CausalLM", "DecoderLayer", "LayerOps", "WeightGetter"]
 
 
 class DecoderLayer(nn.Module):
@@ -121,6 +102,10 @@ class CausalLM(nn.Module):
         # needs the plain matrix).
         self.head = PackedLinear(self.lm_head.detach())
         self.windows = [layer.window for layer in self.decoder_layers]
+        # One KV component: FULL, or SWA for an all-sliding model (Mistral).
+        kind = "full" if self.pool_spec.has_full or not self.pool_spec.has_swa else "swa"
+        scale = cfg.head_dim**-0.5
+        self.attn_layers = {i: AttnLayer(kind, i, w, scale) for i, w in enumerate(self.windows)}
         self.compiled: CompiledStack | None = None
         self._native: NativeStack | bool | None = True  # True: not built yet
         self.inv_freq: torch.Tensor
@@ -161,20 +146,11 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool | ModelPools) -> torch.Tensor:
-        batch, pool = single_pool(batch, pool, self.pool_spec)  # ModelPools → its one pool
-        device = self.device
-        ids = batch.input_ids.to(device)
-        positions = batch.positions.to(device)
-        x = F.embedding(ids, self.embed)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        ctx = ForwardContext(
-            pool=pool,
-            backend=self.attention,
-            meta=self.attention.prepare(batch, device),
-            out_slots=batch.out_slots.to(device),
-            windows=self.windows,
-            scale=self.config.head_dim**-0.5,
-        )
+        batch = batch.to(self.device)
+        x = F.embedding(batch.input_ids, self.embed)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, x.dtype)
+        components = kv_components(batch, pool, self.pool_spec)  # ModelPools → its one pool
+        ctx = KVStep(self.attention, components, self.attn_layers, batch.attention)
         native = self.native_stack()
         if self.compiled is not None:
             x = self.compiled(x, cos, sin, ctx)
@@ -184,7 +160,6 @@ class CausalLM(nn.Module):
             for layer in self.layers:
                 x = layer(x, cos, sin, ctx)
         if not batch.return_all_logits:
-            last = torch.tensor(batch.extend_lens, device=device).cumsum(0) - 1
-            x = x.index_select(0, last)
+            x = x.index_select(0, batch.q_start[1:] - 1)
         x = rms_norm(x, self.norm, self.config.rms_norm_eps)
         return self.head(x).float()

@@ -56,7 +56,7 @@ def _attention_case(
     attn: TorchAttention, batch: ForwardBatch, k_cache: torch.Tensor, repeats: int
 ) -> float:
     q = torch.randn(batch.num_tokens, HEADS, HEAD_DIM).to(k_cache.dtype)
-    meta = attn.prepare(batch, torch.device("cpu"))
+    meta = attn.prepare(batch)
     return _best_ms(lambda: attn.attend(q, k_cache, k_cache, meta, None, HEAD_DIM**-0.5), repeats)
 
 

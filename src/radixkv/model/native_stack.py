@@ -9,7 +9,9 @@ and bfloat16, for decode, prefill, chunked and mixed batches) and only the overh
 
 It serves a model whose every layer the C++ kernels cover: the row-invariant GEMM for every
 projection, RMSNorm (optionally per-head on Q and K), RoPE on the whole head, SiLU MLP, the C++
-decode and extend attention kernels; and a forward whose pool holds K/V in the model's dtype.
+decode and extend attention kernels (the `TorchAttention` backend with both: the stack is that
+backend's fused form, and makes its KV write, at the metadata's out slots, inside the C++ layer
+loop); and a forward whose pool holds K/V in the model's dtype.
 Anything else (another backend, Gemma's norms, a partial rotary dim, the kernels off, a
 compiled model) keeps the eager (or compiled) path. $RADIXKV_NATIVE_STACK=0 turns it off.
 """
@@ -17,14 +19,15 @@ compiled model) keeps the eager (or compiled) path. $RADIXKV_NATIVE_STACK=0 turn
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from radixkv.model.attention import TorchAttention
 
 if TYPE_CHECKING:
-    from radixkv.model.llama import CausalLM, DecoderLayer, ForwardContext
+    from radixkv.model.attention import KVStep
+    from radixkv.model.llama import CausalLM, DecoderLayer
 
 
 def _layer_ok(layer: DecoderLayer, dtype: torch.dtype) -> bool:
@@ -97,30 +100,25 @@ class NativeStack:
             )
         return cls(impl)
 
-    def serves(self, x: torch.Tensor, cos: torch.Tensor, ctx: ForwardContext) -> bool:
-        """Whether this forward fits (the backend was checked once, in `of`): its multi-token
-        requests packed for the extend kernel, cos/sin and the pool in x's dtype on the CPU, one
-        pool layer per decoder layer."""
-        pool, meta = ctx.pool, ctx.meta
+    def serves(self, x: torch.Tensor, cos: torch.Tensor, ctx: KVStep) -> bool:
+        """Whether this forward fits (the backend was checked once, in `of`): cos/sin and the
+        pool in x's dtype on the CPU, one pool layer per decoder layer."""
+        pool, _ = ctx.only()
         return (
-            (not meta.extends or meta.packed is not None)
-            and cos.dtype == x.dtype
+            cos.dtype == x.dtype
             and pool.config.dtype == x.dtype
             and torch.device(pool.config.device).type == "cpu"
             and len(pool.k) == self.impl.num_layers()
         )
 
     def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: KVStep
     ) -> torch.Tensor:
-        meta = ctx.meta
-        rows = slots = lens = None
-        if meta.decode is not None:
-            view = meta.decode.view(None)
-            rows, lens = meta.decode.rows, view.lens
-            slots = view.slots.view(lens.numel(), view.width)
-        ext = list(meta.packed.args()) if meta.extends and meta.packed is not None else []
+        # The backend's fused form: the C++ loop writes K/V at the metadata's out slots and
+        # makes the backend's kernel calls (TorchAttention.stack_args).
+        pool, meta = ctx.only()
+        backend = cast(TorchAttention, ctx.backend)
         out: torch.Tensor = self.impl.forward(
-            x, cos, sin, ctx.pool.k, ctx.pool.v, ctx.out_slots, rows, slots, lens, ext
+            x, cos, sin, pool.k, pool.v, *backend.stack_args(meta)
         )
         return out

@@ -1,75 +1,42 @@
-"""Attention over the slot-indexed KV pool, behind a small backend interface.
+"""`TorchAttention`: the CPU backend (C++ kernels) and the plain-torch backend for any device.
 
-A backend turns one ForwardBatch into per-forward metadata once (`prepare`), then for every layer
-attends the new tokens' queries to their requests' context K/V, read from the pool by slot index
-(`attend`). The model writes the new K/V into the pool before calling `attend`, so a request's
-context (cached prefix, earlier chunks, and this step's tokens) is always complete in the pool.
-
-`TorchAttention` (CPU and any torch device) splits a batch in two groups:
-- one-token requests (decode) run together: their context slots are padded to the longest context,
-  gathered in one index_select, and attended with one batched matmul under a padding mask;
-- multi-token requests (prefill / chunked prefill) run one by one with a causal mask by position.
+It splits a step's requests in two groups:
+- one-token requests (decode) run together: on the CPU the C++ decode kernel reads each
+  context's K/V in place through the slot table; elsewhere (or without the kernels) their
+  context slots are padded to the longest context, gathered in one index_select, and attended
+  with one batched matmul under a padding mask;
+- multi-token requests (prefill / chunked prefill) run in one call of the C++ extend kernel over
+  the whole slot table, or one by one with a causal mask by position (the torch fallback).
 Grouped-query attention is done by reshaping queries to [kv_heads, group, ...]; K/V are never
-repeated. With a sliding window, only the keys some new token can still see are gathered (the
-last `window` per decode request; from `prefix - window + 1` on for an extend), so a windowed
-layer's cost stays O(window) however long the context grows. The kernel on the gathered tensors
-is torch SDPA (default) or matmul + float32 softmax.
+repeated. With a sliding window, the fallback gathers only the keys some new token can still see
+(the last `window` per decode request; from `prefix - window + 1` on for an extend), so a
+windowed layer's cost stays O(window) however long the context grows. The fallback's kernel on
+the gathered tensors is torch SDPA (default) or matmul + float32 softmax.
+
+The KV write is this backend's (`write_kv`: index_copy_ into the layer's pool tensors at the
+step's out slots). On the CPU path where the Llama family's layer stack runs as one C++ call
+(radixkv.model.native_stack), that stack makes the same write and the same kernel calls inside
+its layer loop, from the arguments `stack_args` hands it: the native stack is this backend's
+fused form, so the write stays the backend's there too.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from radixkv.model.attention_meta import (
-    AttentionMetadata,
-    DecodeGroup,
-    DecodeView,
-    ExtendItem,
-    PackedExtends,
-)
+from radixkv.model.attention.backend import write_slots
+from radixkv.model.attention.meta import AttentionMetadata, DecodeGroup, ExtendItem
 from radixkv.model.batch import ForwardBatch
 
 if TYPE_CHECKING:
     from radixkv.model.kernels import DecodeKernel, ExtendKernel
 
-__all__ = [  # the metadata types live in radixkv.model.attention_meta; importable here too
-    "AttentionBackend",
-    "AttentionMetadata",
-    "DecodeGroup",
-    "DecodeView",
-    "ExtendItem",
-    "PackedExtends",
-    "TorchAttention",
-    "select_backend",
-]
-
 NEG_INF = float("-inf")
 # `enable_gqa` arrived in torch 2.5; older versions repeat K/V per query head instead.
 _HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-class AttentionBackend(Protocol):
-    """What the model needs from an attention implementation."""
-
-    name: str
-
-    def prepare(self, batch: ForwardBatch, device: torch.device) -> AttentionMetadata: ...
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        window: int | None,
-        scale: float,
-    ) -> torch.Tensor:
-        """q [T, H, D] → output [T, H, D]; k_cache/v_cache are one layer's [slots, KV, D]."""
-        ...
 
 
 def _allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -122,6 +89,7 @@ class TorchAttention:
     """
 
     name = "torch"
+    supports_graphs = False  # capture / replay run eagerly (see radixkv.model.attention.backend)
 
     def __init__(
         self,
@@ -140,36 +108,52 @@ class TorchAttention:
             + ("+cpp-extend" if extend_kernel is not None else "")
         )
 
-    def prepare(self, batch: ForwardBatch, device: torch.device) -> AttentionMetadata:
-        positions = batch.positions.to(device)
-        starts = [0]
-        for e in batch.extend_lens:
-            starts.append(starts[-1] + e)
-        extends = [
-            ExtendItem(
-                start=starts[r],
-                end=starts[r + 1],
-                prefix=batch.seq_lens[r] - e,
-                slots=batch.context_slots[r].to(device),
-                q_pos=positions[starts[r] : starts[r + 1]],
-            )
-            for r, e in enumerate(batch.extend_lens)
-            if e > 1
-        ]
-        decode_ids = [r for r, e in enumerate(batch.extend_lens) if e == 1]
-        decode = None
-        if decode_ids:
-            decode = DecodeGroup(
-                rows=torch.tensor([starts[r] for r in decode_ids], dtype=torch.int64).to(device),
-                contexts=[batch.context_slots[r].to("cpu") for r in decode_ids],
-                device=device,
-            )
-        packed = None
-        if extends and self.extend_kernel is not None and torch.device(device).type == "cpu":
-            packed = PackedExtends.of(extends)
-        return AttentionMetadata(
-            num_tokens=batch.num_tokens, decode=decode, extends=extends, packed=packed
-        )
+    def prepare(self, batch: ForwardBatch) -> AttentionMetadata:
+        return AttentionMetadata.of(batch)
+
+    def write_kv(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> None:
+        write_slots(k_cache, v_cache, k, v, meta.out_slots)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        self.write_kv(k_cache, v_cache, k, v, meta)
+        return self.attend(q, k_cache, v_cache, meta, window, scale)
+
+    def capture(self, batch: ForwardBatch, max_context: int) -> AttentionMetadata:
+        """Eager: the step's metadata (this backend is never captured in a graph)."""
+        return self.prepare(batch)
+
+    def replay(self, meta: AttentionMetadata, batch: ForwardBatch) -> None:
+        """Eager: `meta` becomes `prepare(batch)`, in place."""
+        fresh = self.prepare(batch)
+        meta.__dict__.update(fresh.__dict__)
+
+    def stack_args(self, meta: AttentionMetadata) -> tuple[object, ...]:
+        """What the native C++ layer stack takes for this step (kernels/stack.cpp `forward`
+        after the pools): out slots (it writes K/V there, as `write_kv` does), the one-token
+        requests' rows, slot-table rows and lengths (or None), and the packed extend arguments
+        (or an empty list)."""
+        dec = meta.decode
+        ext = list(meta.packed.args()) if meta.packed is not None else []
+        if dec is None:
+            return (meta.out_slots, None, None, None, ext)
+        return (meta.out_slots, dec.rows, dec.slots, dec.lens, ext)
 
     def attend(
         self,
@@ -180,16 +164,17 @@ class TorchAttention:
         window: int | None,
         scale: float,
     ) -> torch.Tensor:
-        if meta.decode is not None and not meta.extends:
+        if meta.decode is not None and not meta.has_extends:
             return self._decode(q, k_cache, v_cache, meta.decode, window, scale)
         p = meta.packed
         d = q.shape[-1]
-        if p is not None and self.extend_kernel is not None and d % 16 == 0 and d <= 256:
+        kernel = self.extend_kernel if k_cache.device.type == "cpu" else None
+        if p is not None and kernel is not None and d % 16 == 0 and d <= 256:
             # Rows of one-token requests are left unset here and filled below.
-            out = self.extend_kernel(q, k_cache, v_cache, *p.args(), window or 0, scale)
+            out = kernel(q, k_cache, v_cache, *p.args(), window or 0, scale)
         else:
             out = torch.empty_like(q)
-            for item in meta.extends:
+            for item in meta.extend_items():
                 out[item.start : item.end] = self._extend(q, k_cache, v_cache, item, window, scale)
         if meta.decode is not None:
             q_dec = q.index_select(0, meta.decode.rows)
@@ -215,9 +200,9 @@ class TorchAttention:
         if self.decode_kernel is not None and k_cache.device.type == "cpu":
             # The kernel takes each whole context and the window: it aligns its key blocks at
             # absolute positions, as the extend kernel does (see decode_canon.h).
-            full = group.view(None)
-            slots = full.slots.view(r, full.width)
-            return self.decode_kernel(q, k_cache, v_cache, slots, full.lens, window or 0, scale)
+            return self.decode_kernel(
+                q, k_cache, v_cache, group.slots, group.lens, window or 0, scale
+            )
         view = group.view(window)
         dtype = q.dtype if self.kernel == "sdpa" else torch.float32
         mask = view.masks.get(dtype)
@@ -293,15 +278,3 @@ def _sdpa(
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
-
-
-def select_backend(device: str | torch.device) -> AttentionBackend:
-    """The attention backend for `device`: torch (kernel from $RADIXKV_ATTENTION_KERNEL,
-    "sdpa" by default, or "matmul"), on CPU with the C++ decode and extend kernels where they build
-    ($RADIXKV_CPU_KERNELS=0 turns it off); accelerator kernels plug in here."""
-    decode = extend = None
-    if torch.device(device).type == "cpu":
-        from radixkv.model.kernels import decode_attention, extend_attention
-
-        decode, extend = decode_attention(), extend_attention()
-    return TorchAttention(os.environ.get("RADIXKV_ATTENTION_KERNEL", "sdpa"), decode, extend)
