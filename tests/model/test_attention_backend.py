@@ -6,6 +6,7 @@ exact against transformers, through prepared (replayed) metadata too."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,19 @@ from radixkv.model.attention import (
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.hybrid_simple import Session
 
+Tensor = torch.Tensor
+
 KV, G, D = 2, 3, 16
 BACKENDS: dict[str, Callable[[], Any]] = {
     "cpu": lambda: select_backend("cpu"),
     "torch-sdpa": lambda: TorchAttention("sdpa"),
     "naive": NaiveAttention,
 }
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON:  # the CUDA backend, under Triton's interpreter here (tests/conftest.py)
+    from radixkv.model.triton.backend import TritonAttention
+
+    BACKENDS["triton"] = TritonAttention
 
 
 def _batch(lens: list[int], extend: list[int], seed: int) -> ForwardBatch:
@@ -101,18 +109,19 @@ def test_replay_gives_what_prepare_gives(
         assert torch.equal(got, want)
 
 
-def test_a_graph_backend_metadata_keeps_its_buffers() -> None:
-    """The naive backend's replay refills the captured buffers in place (a captured graph
+@pytest.mark.parametrize("name", [n for n in ("naive", "triton") if n in BACKENDS])
+def test_a_graph_backend_metadata_keeps_its_buffers(name: str) -> None:
+    """A graph backend's replay refills the captured buffers in place (a captured graph
     would read them) and refuses a batch of another shape."""
-    backend = NaiveAttention()
+    backend = BACKENDS[name]()
     meta = backend.capture(_batch([5, 9, 2], [1, 1, 1], seed=6), max_context=64)
-    ptrs = [getattr(meta, f.name).data_ptr() for f in dataclasses.fields(meta)]
+    fields = [f.name for f in dataclasses.fields(meta)]
+    tensors = [f for f in fields if isinstance(getattr(meta, f), Tensor)]
+    ptrs = [getattr(meta, f).data_ptr() for f in tensors]
     backend.replay(meta, _batch([40, 3, 7], [1, 1, 1], seed=7))
-    assert [getattr(meta, f.name).data_ptr() for f in dataclasses.fields(meta)] == ptrs
-    assert (
-        meta.slot_table[:, :40].tolist()
-        == _batch([40, 3, 7], [1, 1, 1], seed=7).slot_table.tolist()
-    )
+    assert [getattr(meta, f).data_ptr() for f in tensors] == ptrs
+    table = meta.slot_table if name == "naive" else meta.table
+    assert table[:, :40].tolist() == _batch([40, 3, 7], [1, 1, 1], seed=7).slot_table.tolist()
     with pytest.raises(ValueError, match="shape"):
         backend.replay(meta, _batch([4, 3], [1, 1], seed=8))
 
@@ -157,8 +166,36 @@ def test_a_new_backend_slots_in_with_no_model_change(arch: str, refs: dict) -> N
             assert backend.writes == 12 * sum(k != "state" for k in lm.config.layer_kinds)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_triton_backend_runs_every_family(arch: str, refs: dict) -> None:
+    """The CUDA backend (its Triton kernels under the interpreter here) under each family:
+    chunked prefill past the window and decode match transformers in float32, and (families
+    without state layers) a decode token's logits equal those of the same token computed
+    inside a whole-prompt prefill."""
+    from radixkv.model.triton.backend import TritonAttention
+
+    path, hf = refs[arch]
+    seq = _tokens(30, seed=11)
+    with torch.no_grad():
+        ref = hf(torch.tensor([seq])).logits[0].float()
+    lm = load_model(path, attention=TritonAttention())
+    sess = Session(lm, num_slots=128, num_states=4, seed=0)
+    s = sess.new(seq)
+    got = [sess.step([(s, n)])[0] for n in (11, 9)]
+    got += [sess.step([(s, 1)])[0] for _ in range(10)]
+    out = torch.cat(got)
+    err = float((out - ref).abs().max() / ref.abs().max())
+    assert err < 1e-4, f"relative error {err:.2e}"
+    if "state" in lm.config.layer_kinds:
+        return  # a state layer's chunks are its own order (the engine cuts them at checkpoints)
+    whole = Session(lm, num_slots=128, num_states=4, seed=0)
+    w = whole.new(seq)
+    assert torch.equal(whole.step([(w, 30)])[0][-1], out[-1])
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-@pytest.mark.parametrize("name", ["cpu", "naive"])
+@pytest.mark.parametrize("name", ["cpu", "naive"] + (["triton"] if HAS_TRITON else []))
 def test_models_run_on_prepared_metadata(
     arch: str, name: str, refs: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,3 +255,20 @@ def _clone_pools(pools: Any) -> Any:
             twin.v = [t.clone() for t in pool.v]
             out = dataclasses.replace(out, **{kind: twin})
     return out
+
+
+def test_select_backend_follows_the_device_and_the_override(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPU takes the torch backend (C++ kernels); RADIXKV_ATTENTION_BACKEND forces one; a
+    value that names no backend is refused."""
+    monkeypatch.delenv("RADIXKV_ATTENTION_BACKEND", raising=False)
+    assert isinstance(select_backend("cpu"), TorchAttention)
+    monkeypatch.setenv("RADIXKV_ATTENTION_BACKEND", "torch")
+    assert isinstance(select_backend("cpu"), TorchAttention)
+    if HAS_TRITON:
+        monkeypatch.setenv("RADIXKV_ATTENTION_BACKEND", "triton")
+        assert select_backend("cpu").name == "triton"
+    monkeypatch.setenv("RADIXKV_ATTENTION_BACKEND", "cudnn")
+    with pytest.raises(ValueError, match="triton or torch"):
+        select_backend("cpu")

@@ -47,12 +47,28 @@ __all__ = [
 
 
 def select_backend(device: str | torch.device) -> AttentionBackend:
-    """The attention backend for `device`: torch (kernel from $RADIXKV_ATTENTION_KERNEL,
-    "sdpa" by default, or "matmul"), on CPU with the C++ decode and extend kernels where they build
-    ($RADIXKV_CPU_KERNELS=0 turns it off); accelerator backends plug in here."""
+    """The attention backend for `device`: on CUDA the Triton kernels (radixkv.model.triton)
+    where triton imports; elsewhere torch (kernel from $RADIXKV_ATTENTION_KERNEL, "sdpa" by
+    default, or "matmul"), on CPU with the C++ decode and extend kernels where they build
+    ($RADIXKV_CPU_KERNELS=0 turns it off). $RADIXKV_ATTENTION_BACKEND=triton|torch forces one
+    (triton on CPU runs under Triton's interpreter: TRITON_INTERPRET=1)."""
+    dev = torch.device(device)
+    forced = os.environ.get("RADIXKV_ATTENTION_BACKEND", "")
+    if forced not in ("", "triton", "torch"):
+        raise ValueError(f"RADIXKV_ATTENTION_BACKEND={forced!r}: triton or torch")
+    if forced == "triton" or (not forced and dev.type == "cuda" and _triton_available()):
+        from radixkv.model.triton.backend import TritonAttention
+
+        return TritonAttention()
     decode = extend = None
-    if torch.device(device).type == "cpu":
+    if dev.type == "cpu":
         from radixkv.model.kernels import decode_attention, extend_attention
 
         decode, extend = decode_attention(), extend_attention()
     return TorchAttention(os.environ.get("RADIXKV_ATTENTION_KERNEL", "sdpa"), decode, extend)
+
+
+def _triton_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
