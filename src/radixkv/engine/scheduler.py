@@ -13,11 +13,12 @@ uncached prompts arrive together they therefore finish one after another instead
 end (for equal prompts the mean time to first token falls by up to a third), at the cost of
 slightly more steps.
 
-Decode stall (`decode_stall_ms`, 1,000 by default, off at 0): while any request decodes, the step's budget is cut
-to the prompt tokens the measured prefill rate computes in that many milliseconds (at least
-`min_stall_chunk`). A long prompt then runs over several steps, and each of them also advances
-every decoding stream by a token at almost no cost (their rows ride on the chunk's weight reads),
-instead of one step that holds every stream for the whole prompt.
+Decode stall (`decode_stall_ms`, 1,000 by default, off at 0): while any request decodes, the
+step's budget is cut to the prompt tokens the measured prefill rate computes in that many
+milliseconds (at least `min_stall_chunk`). A long prompt then runs over several steps, and each of
+them also advances every decoding stream by a token, instead of one step that holds every stream
+for the whole prompt: the streams' tokens come sooner by about what the prompt's first token comes
+later (docs/vllm.md has the measurement).
 
 Admission order: fcfs takes arrival order; lpm the longest cached prefix first, aged by arrival
 time so that no request is passed by one that arrived more than `schedule_wait_budget_s` after it.
