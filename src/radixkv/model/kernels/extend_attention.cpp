@@ -137,9 +137,11 @@ void run(const Problem& P, const T* q, const T* k, const T* v, T* out, std::vect
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(items.size());
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  int64_t groups = 1;  // sub-blocks of the largest item
+  for (const Item& it : items) groups = std::max(groups, (it.t1 - it.t0 + P.bt - 1) / P.bt);
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      Scratch w(P.D);
+      Scratch w(P.D, groups);
       for (int64_t i = next++; i < n; i = next++) {
         const Item& it = items[i];
         switch ((std::min(it.t1 - it.t0, P.bt) * P.G + 15) / 16) {

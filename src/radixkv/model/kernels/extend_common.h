@@ -74,9 +74,11 @@ struct Scratch {
   float* ot = nullptr;
   float* pos = nullptr;
   uint32_t* qt2 = nullptr;
-  explicit Scratch(int64_t D_)
-      : qt_all(kGroups * D_ * kRows), kb(kKeys * D_), vb(kKeys * D_), st(kKeys * kRows),
-        ot_all(kGroups * D_ * kRows), pos_all(kGroups * kRows), qt2_all(kGroups * D_ / 2 * kRows),
+  // `groups`: the most sub-blocks an item of this call holds (1 unless a context is long), so a
+  // call of short contexts allocates no more than one sub-block's buffers.
+  Scratch(int64_t D_, int64_t groups)
+      : qt_all(groups * D_ * kRows), kb(kKeys * D_), vb(kKeys * D_), st(kKeys * kRows),
+        ot_all(groups * D_ * kRows), pos_all(groups * kRows), qt2_all(groups * D_ / 2 * kRows),
         kb2(kKeys * D_ / 2), vb2(kKeys / 2 * D_), pt2(kKeys / 2 * kRows), D(D_) {
     select(0);
   }
