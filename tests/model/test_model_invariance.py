@@ -142,20 +142,40 @@ def test_long_contexts_group_rows_without_changing_bits(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_rows_do_not_depend_on_their_batch(dtype: torch.dtype) -> None:
-    """A request's decode output alone equals its row among others of other lengths."""
+@pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 64), (4, 1, 256), (12, 4, 48), (8, 8, 96)])
+def test_decode_rows_do_not_depend_on_their_batch(
+    dtype: torch.dtype, heads: tuple[int, int, int]
+) -> None:
+    """A request's decode output alone, on one thread, equals its row among others of other
+    lengths, on one thread and on two. The batch size and the threads decide how many KV heads
+    one work item takes (one, some or all of a request's, e.g. the 1B shape's 8 KV heads as 1,
+    2, 4 or 8), and with them how each key's row is read: never the bits. Head dims 64 and 256
+    keep the bfloat16 values in unpacked lane order, 48 and 96 take the other layouts."""
     m = _module()
-    q, k, v, _ = _problem(3, dtype, (9, 3, 64), 8)
+    q, k, v, _ = _problem(3, dtype, heads, 8)
     g = torch.Generator().manual_seed(4)
     lens = torch.tensor([300, 17, 129, 64, 1, 200, 65, 128])
-    slots = torch.stack([torch.randperm(k.shape[0], generator=g)[:48] for _ in range(8)])
     slots = torch.randint(0, k.shape[0], (8, 300), generator=g)
-    together = m.decode_attention(q, k, v, slots, lens, 0, 0.125)
-    for r in range(8):
-        alone = m.decode_attention(
-            q[r : r + 1].contiguous(), k, v, slots[r : r + 1], lens[r : r + 1], 0, 0.125
-        )
-        assert torch.equal(alone[0], together[r]), r
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [
+            m.decode_attention(
+                q[r : r + 1].contiguous(), k, v, slots[r : r + 1], lens[r : r + 1], 0, 0.125
+            )[0]
+            for r in range(8)
+        ]
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for size in (1, 2, 3, 4, 8):
+                rows = list(range(8 - size, 8))
+                together = m.decode_attention(
+                    q[rows].contiguous(), k, v, slots[rows], lens[rows], 0, 0.125
+                )
+                for i, r in enumerate(rows):
+                    assert torch.equal(alone[r], together[i]), (threads, size, r)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

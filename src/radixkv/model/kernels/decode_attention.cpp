@@ -2,8 +2,8 @@
 // its context's K/V rows read in place from the pool (no gather copy). On AVX-512 with a head dim
 // that is a multiple of 16 (up to 256) it sums in the extend kernel's order (decode_canon.h), so a
 // decode step and a prefill chunk give the same bits for the same token; work items are (request,
-// KV head), or whole requests where the batch splits evenly over the threads, longest context
-// first, and the G query heads of a KV head share every K/V row loaded.
+// one or more KV heads: as many as still split evenly over the threads), longest context first,
+// and the G query heads of a KV head share every K/V row loaded.
 // Elsewhere a scalar two-pass loop serves (scores, softmax, weighted sum), without that promise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -146,12 +146,14 @@ void attend_one(const T* qp, const T* kp, const T* vp, T* op, const int64_t* rs,
 // Runs fn(r, h, nh, g0, gn, scratch) for every item (request r, KV heads [h, h + nh), query
 // heads [g0, g0 + gn) of each in chunks of `chunk`), longest context first, taken from a shared
 // counter so that unequal contexts balance across threads; each thread makes its scratch once,
-// with make(). `whole` makes one item of a request's every head (needs KV * G <= chunk): each
-// key's row is then read once, whole, instead of a head's slice per item.
+// with make(). With `heads` > 1 (a divisor of KV, heads * G <= chunk) an item is `heads` KV
+// heads of a request with all their query heads: each key's row is then read in wider
+// contiguous runs (the whole row when heads == KV) instead of a head's slice per item.
 template <typename Make, typename Fn>
 void for_each_item(int64_t R, int64_t KV, int64_t G, int64_t chunk, const int64_t* lens,
-                   bool whole, const Make& make, const Fn& fn) {
-  const int64_t chunks = (G + chunk - 1) / chunk, per_r = whole ? 1 : KV * chunks;
+                   int64_t heads, const Make& make, const Fn& fn) {
+  const int64_t chunks = heads > 1 ? 1 : (G + chunk - 1) / chunk;
+  const int64_t per_r = KV / heads * chunks;
   std::vector<int64_t> order(R * per_r);
   for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
@@ -165,8 +167,8 @@ void for_each_item(int64_t R, int64_t KV, int64_t G, int64_t chunk, const int64_
       auto w = make();
       for (int64_t i = next++; i < n; i = next++) {
         const int64_t item = order[i], r = item / per_r;
-        if (whole) {
-          fn(r, 0, KV, 0, G, *w);
+        if (heads > 1) {
+          fn(r, (item % per_r) * heads, heads, 0, G, *w);
           continue;
         }
         const int64_t h = (item / chunks) % KV, g0 = (item % chunks) * chunk;
@@ -174,6 +176,18 @@ void for_each_item(int64_t R, int64_t KV, int64_t G, int64_t chunk, const int64_
       }
     }
   });
+}
+
+// KV heads per item: the most (a divisor of KV, with their query heads within `chunk`) that
+// still give every thread work to the end: at least two items per thread and a count the
+// threads divide, else one (a thread left idle at the end costs more than the narrower rows).
+inline int64_t heads_per_item(int64_t R, int64_t KV, int64_t G, int64_t chunk, int64_t threads) {
+  for (int64_t heads = KV; heads > 1; --heads) {
+    if (KV % heads != 0 || heads * G > chunk) continue;
+    const int64_t items = R * (KV / heads);
+    if (items >= 2 * threads && items % threads == 0) return heads;
+  }
+  return 1;
 }
 
 #if defined(RADIXKV_AMX)
@@ -194,7 +208,7 @@ void run_amx(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   const int64_t* lp = lens.data_ptr<int64_t>();
   const amx::Geometry g{D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), window, scale};
   auto make = [] { return std::make_unique<amx::TileThread>(); };
-  for_each_item(R, KV, G, amx::kRows, lp, /*whole=*/false, make,
+  for_each_item(R, KV, G, amx::kRows, lp, /*heads=*/1, make,
                 [&](int64_t r, int64_t h, int64_t, int64_t g0, int64_t gn, amx::TileThread& tt) {
                   amx::Scratch& w = tt.w;
                   w.rows = gn;
@@ -239,16 +253,14 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     // Default-initialised (no 100 KB memset per call): every field is written before it is
     // read, and stale K words in unused lanes only reach masked scores.
     auto make = [] { return std::unique_ptr<Scratch>(new Scratch); };
-    // Whole-request items take 12% less time at 4 and 8 requests (contiguous rows), but with
-    // fewer items than threads x 2, or a count the threads do not divide, they leave a thread
-    // idle at the end: per-head items balance those.
-    const int64_t threads = at::get_num_threads();
-    const bool whole = KV * G <= kMaxG && R >= 2 * threads && R % threads == 0;
+    // Items of several KV heads read each key's row in wider runs, which the hardware
+    // prefetchers follow (the 1B shape's 8 heads whole: about 2x per-head items at 8k keys).
+    const int64_t heads = heads_per_item(R, KV, G, kMaxG, at::get_num_threads());
     // The values phase's width in vectors: the widest power of two up to 16 dividing D / 16 (it
     // runs D / (16 x width) passes).
     int64_t width = 16;
     while ((D / 16) % width != 0) width /= 2;
-    for_each_item(R, KV, G, kMaxG, lp, whole, make,
+    for_each_item(R, KV, G, kMaxG, lp, heads, make,
                   [&](int64_t r, int64_t h, int64_t nh, int64_t g0, int64_t gn, Scratch& w) {
 #define RKV_ITEM(WORDS, ND) decode_item<T, WORDS, ND>(P, qp, kp, vp, op, r, h, nh, g0, gn, w)
 #define RKV_BY_ND(WORDS)               \

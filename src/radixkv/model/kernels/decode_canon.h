@@ -33,7 +33,7 @@ namespace radixkv_decode {
 using namespace radixkv_simd;
 
 constexpr int64_t kBlockKeys = 64;  // must equal the extend kernel's kKeys
-constexpr int kMaxG = 16;           // query heads per KV head handled in one pass
+constexpr int kMaxG = 32;           // query heads (of one or more KV heads) in one pass
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Problem {
@@ -98,11 +98,24 @@ struct BF16Words {
 // Phase A: the K rows of keys [kb0, kb0 + nk) of KV head h, transposed into w.kt[word][key]
 // (keys past nk repeat the last one; their scores are masked).
 template <typename T, typename Words>
-void load_block_keys(const Problem& P, const T* k, const int64_t* sl, int64_t kb0, int64_t nk,
-                     int64_t h, Scratch& w) {
+void load_block_keys(const Problem& P, const T* k, const T* v, const int64_t* sl, int64_t kb0,
+                     int64_t nk, int64_t next, int64_t h, Scratch& w) {
   const int64_t nw = Words::words(P);
-  for (int64_t j = 0; j * 16 < nk; ++j)
+  const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
+  const int64_t word_bytes = bytes / nw;
+  const int64_t* ahead = sl + kb0 + 2 * kBlockKeys;
+  for (int64_t j = 0; j * 16 < nk; ++j) {
+    const int64_t pf = std::min<int64_t>(16, next - j * 16);
     for (int64_t i0 = 0; i0 < nw; i0 += 16) {
+      // The rows of this head two blocks ahead, the same 16 keys and words as this pass loads,
+      // so that the misses spread over the block's work instead of stalling it in a burst.
+      for (int64_t c = 0; c < pf; ++c) {
+        const int64_t off = i0 * word_bytes;
+        __builtin_prefetch(reinterpret_cast<const char*>(k + ahead[j * 16 + c] * P.k_row +
+                                                         h * P.k_head) + off, 0, 2);
+        __builtin_prefetch(reinterpret_cast<const char*>(v + ahead[j * 16 + c] * P.v_row +
+                                                         h * P.v_head) + off, 0, 2);
+      }
       __m512 rows[16];
       for (int c = 0; c < 16; ++c) {
         const int64_t key = kb0 + std::min<int64_t>(j * 16 + c, nk - 1);
@@ -112,6 +125,7 @@ void load_block_keys(const Problem& P, const T* k, const int64_t* sl, int64_t kb
       for (int64_t t = 0; t < 16 && i0 + t < nw; ++t)
         _mm512_store_ps(&w.kt[i0 + t][j * 16], rows[t]);
     }
+  }
 }
 
 // Phase B: scores of GT query heads (from g0) against the block, masked outside [lo, p] (keys
@@ -203,8 +217,18 @@ void block_values_f32(const Problem& P, const T* v, const int64_t* sl, int64_t k
 }
 
 #if defined(__AVX512BF16__)
+// Where dim d of a 32-dim chunk sits in the bfloat16 value accumulators for even ND: unpacking
+// two V rows' 512-bit chunks word by word interleaves them per 128-bit lane, so the low vector
+// holds dims 0-3, 8-11, 16-19, 24-27 and the high one 4-7, 12-15, 20-23, 28-31. Each lane is its
+// own chain over the keys, so where a dim sits changes no bits; the output undoes it.
+inline int64_t bf16_lane(int64_t d) {
+  const int64_t c = d % 32, lane = c / 8, half = (c % 8) / 4;
+  return d - c + half * 16 + lane * 4 + c % 4;
+}
+
 // Phase D (bfloat16 values): the weights rounded to bf16 pairs (2c, 2c+1) and one VDPBF16PS per
-// pair against the two V rows interleaved, for GT heads from g0.
+// pair against the two V rows interleaved, for GT heads from g0. With ND even, o keeps the
+// bf16_lane order (two loads and two unpacks per 32 dims of a pair); with ND == 1, dim order.
 template <int ND, int GT>
 void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* sl, int64_t kb0,
                        int64_t nk, int64_t h, int64_t g0, const float* alpha, int64_t d0,
@@ -227,12 +251,21 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
     const c10::BFloat16* b =
         2 * cp + 1 < nk ? v + sl[kb0 + 2 * cp + 1] * P.v_row + h * P.v_head + d0 : nullptr;
     __m512 vp[ND];
-    for (int i = 0; i < ND; ++i) {
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * 16));
-      const __m256i hi = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i * 16))
-                           : _mm256_setzero_si256();
-      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      vp[i] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, both));
+    if constexpr (ND % 2 == 0) {
+      for (int i = 0; i < ND; i += 2) {
+        const __m512i x = _mm512_loadu_si512(a + i * 16);
+        const __m512i y = b ? _mm512_loadu_si512(b + i * 16) : _mm512_setzero_si512();
+        vp[i] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(x, y));
+        vp[i + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(x, y));
+      }
+    } else {
+      for (int i = 0; i < ND; ++i) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * 16));
+        const __m256i hi = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i * 16))
+                             : _mm256_setzero_si256();
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        vp[i] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, both));
+      }
     }
     for (int g = 0; g < GT; ++g) {
       const __m512bh pb = (__m512bh)_mm512_set1_epi32(static_cast<int>(w.pw[g0 + g][cp]));
@@ -257,9 +290,10 @@ void block_values_bf16(const Problem& P, const c10::BFloat16* v, const int64_t* 
 
 // One work item: request r, KV heads [h0, h0 + nh), query heads [head0, head0 + gn) of each
 // (nh * gn <= kMaxG; nh > 1 only with every query head, head0 == 0). The scratch holds KV head
-// h0 + i's query heads at rows [i * gn, (i + 1) * gn). Several KV heads per item read each key's
-// whole row (all heads, contiguous in the pool) in one pass over the context; every head's
-// arithmetic is the single-head item's, in the same order.
+// h0 + i's query heads at rows [i * gn, (i + 1) * gn). Several KV heads per item read a wider
+// run of each key's row (their heads are contiguous in the pool) in one pass over the context;
+// every head's arithmetic is the single-head item's, in the same order. Each head prefetches its
+// own rows two blocks ahead while its keys load (load_block_keys).
 template <typename T, typename Words, int ND>
 void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, int64_t r,
                  int64_t h0, int64_t nh, int64_t head0, int64_t gn, Scratch& w) {
@@ -278,14 +312,11 @@ void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, i
   float alpha[kMaxG];
   for (int64_t kb0 = lo / kBlockKeys * kBlockKeys; kb0 <= p; kb0 += kBlockKeys) {
     const int64_t nk = std::min<int64_t>(kBlockKeys, p + 1 - kb0);
-    if (kb0 + kBlockKeys <= p)  // the next block's rows load while this one computes
-      for (int64_t h = h0; h < h0 + nh; ++h)
-        prefetch_kv(k, v, sl + kb0 + kBlockKeys, std::min(kBlockKeys, p + 1 - kb0 - nk),
-                    P.k_row, h * P.k_head, P.v_row, h * P.v_head,
-                    D * static_cast<int64_t>(sizeof(T)));
+    // Keys of the next block (their rows load while this one computes).
+    const int64_t next = std::min(kBlockKeys, p + 1 - kb0 - 2 * kBlockKeys);
     for (int64_t i = 0; i < nh; ++i) {
       const int64_t h = h0 + i, g0 = i * gn;
-      load_block_keys<T, Words>(P, k, sl, kb0, nk, h, w);
+      load_block_keys<T, Words>(P, k, v, sl, kb0, nk, next, h, w);
       RKV_BY_GT(4, (block_scores<Words, GT>(P, gs, kb0, nk, lo, w)))
       for (int64_t g = g0; g < g0 + gn; ++g) alpha[g] = block_softmax(g, w);
       // The head dim in passes of ND x 16 (each o element is its own chain over the keys, so
@@ -304,6 +335,12 @@ void decode_item(const Problem& P, const T* q, const T* k, const T* v, T* out, i
   for (int64_t j = 0; j < rows; ++j) {
     T* dst = out + (r * P.H + head_of(j)) * D;
     const float inv = 1.f / w.l[j];
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<Words, BF16Words> && ND % 2 == 0) {
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(w.o[j][bf16_lane(d)] * inv);
+      continue;
+    }
+#endif
     for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(w.o[j][d] * inv);
   }
 }
