@@ -144,18 +144,31 @@ def run_workloads(lm: Any, base: Any, args: argparse.Namespace) -> list[dict[str
 
 def _model_forward_s(lm: Any, engine: Any, prefix: int, suffix: int, repeats: int) -> float:
     """Median time of the bare model forward that extends a `prefix`-token context by `suffix`
-    tokens (no scheduler, no cache): the compute floor of a prefix hit."""
+    tokens (no scheduler, no cache): the compute floor of a prefix hit. A hybrid model (SWA or
+    state layers) gets fresh pools of every kind it declares, as the engine would."""
     import torch
 
     from radixkv.engine.batch import ForwardBatch
+    from radixkv.engine.setup import hybrid_spec
     from radixkv.memory.pool import KVPool
 
     n = prefix + suffix
-    pool = KVPool(lm.config.pool_config(n, engine.pool.config.dtype, engine.pool.config.device))
-    dev = engine.pool.config.device
+    dtype, dev = engine.pool.config.dtype, engine.pool.config.device
     slots = torch.arange(n, dtype=torch.int64, device=dev)
     ids = torch.randint(0, int(lm.config.vocab_size), (suffix,), device=dev)
-    batch = ForwardBatch.from_contexts(ids, [slots], [suffix])
+    spec = hybrid_spec(lm.config)
+    if spec is None:
+        pool: Any = KVPool(lm.config.pool_config(n, dtype, dev))
+        batch = ForwardBatch.from_contexts(ids, [slots], [suffix])
+    else:
+        pool = spec.make_pools(n, n, 1, dtype, dev)
+        batch = ForwardBatch.from_contexts(
+            ids,
+            [slots],
+            [suffix],
+            swa_context_slots=[slots] if spec.has_swa else None,
+            state_slots=[0] if spec.has_state else None,
+        )
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
