@@ -209,7 +209,7 @@ def test_the_engine_decodes_through_graphs_with_the_census_honest(
     is the allocator's range plus the reserved scratch page."""
     prompts = [[5, 9, 14, 3, 8, 2001], [7, 7, 31, 2, 99], [1000, 2000, 3000]]
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    kw = {"device": "cpu", "num_slots": 128, "chunked_prefill_size": 64}
+    kw = {"device": "cpu", "num_slots": 128, "chunked_prefill_size": 64, "max_running_requests": 4}
 
     def outputs(engine: Engine) -> list[list[int]]:
         rids = [engine.add_request(p, params) for p in prompts]
@@ -223,11 +223,12 @@ def test_the_engine_decodes_through_graphs_with_the_census_honest(
     eager = Engine(load_model(llama, attention=TritonAttention()), **kw)
     assert eager.runner.graphs is None and eager.allocator.reserved_slots == 0
     want = outputs(eager)
-    monkeypatch.setattr(graph_runner, "graph_max_bs", lambda setting, dev, model, hybrid: 4)
+    monkeypatch.setattr(graph_runner, "graph_max_bs", lambda setting, dev, model, hybrid: 64)
     monkeypatch.setattr(graph_runner, "CudaGraphCapturer", lambda device: RecordingCapturer())
     engine = Engine(load_model(llama, attention=TritonAttention()), **kw)
     graphs = engine.runner.graphs
     assert isinstance(graphs, GraphRunner) and graphs.active
+    assert graphs.sizes == (1, 2, 4)  # capped at --max-running-requests
     assert engine.allocator.num_slots + engine.allocator.reserved_slots == engine.pool.num_slots
     assert graphs.scratch == engine.allocator.num_slots  # the last slot, outside the range
     assert outputs(engine) == want

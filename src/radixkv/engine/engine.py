@@ -59,8 +59,9 @@ class Engine:
         self.max_model_len = int(cfg.scheduler.max_model_len or mc.max_position_embeddings)
         self.eos_token_ids = setup.eos_token_ids(mc, self.tokenizer)
         hybrid = setup.hybrid_spec(mc, cfg) is not None
-        graph_bs = graph_runner.graph_max_bs(
-            cfg.model.cuda_graph_max_bs, device, self.lm.model, hybrid
+        graph_bs = min(  # no bucket larger than a step can be
+            graph_runner.graph_max_bs(cfg.model.cuda_graph_max_bs, device, self.lm.model, hybrid),
+            cfg.scheduler.max_running_requests,
         )
         mem = build_memory(cfg, self.lm, dtype, device, self.max_model_len, graph_bs > 0)
         self.pool, self.pools, self.table = mem.pool, mem.pools, mem.table
