@@ -90,8 +90,7 @@ def random_llama(shape: dict[str, Any], device: str, dtype: torch.dtype, backend
         out = torch.randn(shapes[name.split(".")[-2]], generator=gen, device=device)
         return out.mul_(0.02).to(dtype)
 
-    with torch.device(device):
-        return CausalLM(cfg, get, device=device, attention=backend).eval()
+    return CausalLM(cfg, get, device=device, attention=backend).eval()
 
 
 def _decode_step(model: Any, reqs: int, context: int, seed: int) -> Any:

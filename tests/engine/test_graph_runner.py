@@ -233,3 +233,59 @@ def test_the_engine_decodes_through_graphs_with_the_census_honest(
     assert graphs.scratch == engine.allocator.num_slots  # the last slot, outside the range
     assert outputs(engine) == want
     assert graphs.replays >= 4 and graphs.fallbacks["prefill"] >= 1
+
+
+def test_the_cuda_capturer_warms_up_captures_on_its_stream_and_shares_one_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CudaGraphCapturer's calls, against a stand-in for torch.cuda that records them (no GPU
+    runs here): warm-up calls on the side stream, then one capture into the shared pool, per
+    bucket; replay launches the captured graph."""
+    from radixkv.engine.graph_capture import CudaGraphCapturer
+
+    log: list[Any] = []
+
+    class Graph:
+        def replay(self) -> None:
+            log.append("replay")
+
+    class Ctx:
+        def __init__(self, *what: Any) -> None:
+            self.what = what
+
+        def __enter__(self) -> None:
+            log.append(("enter", *self.what))
+
+        def __exit__(self, *exc: Any) -> None:
+            log.append(("exit", self.what[0]))
+
+    class Stream:
+        def wait_stream(self, other: Any) -> None:
+            pass
+
+    side, pool = Stream(), object()
+    fake = {
+        "Stream": lambda device: side,
+        "graph_pool_handle": lambda: pool,
+        "current_stream": lambda device: Stream(),
+        "stream": lambda s: Ctx("stream", s),
+        "synchronize": lambda device: log.append("sync"),
+        "CUDAGraph": Graph,
+        "graph": lambda g, pool, stream: Ctx("graph", pool, stream),
+    }
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    capturer = CudaGraphCapturer("cuda", warmup=2)
+    calls: list[str] = []
+
+    def forward() -> torch.Tensor:
+        calls.append("call")
+        return torch.zeros(1)
+
+    a, b = capturer.capture(forward), capturer.capture(forward)
+    assert calls == ["call"] * 6  # 2 warm-up + 1 captured, per bucket
+    one = [("enter", "stream", side), ("exit", "stream"), "sync"]
+    one += [("enter", "graph", pool, side), ("exit", "graph"), "sync"]
+    assert log == one + one  # the same stream and pool for both buckets
+    a.replay()
+    assert log[-1] == "replay" and a.output is not b.output
