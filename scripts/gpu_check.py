@@ -12,17 +12,25 @@ a dry run. Three parts, each printed as it finishes, all results in one JSON (--
 3. A short serving run: `radixkv serve` on the device, `radixkv bench serve` against it.
 Before them (first, so a short session gets it): the Triton paged-attention kernels compiled on
 the device against a float64 softmax, their bit invariance, and their speed (scripts/
-gpu_triton.py; skipped, saying why, on CPU or without Triton; --triton-only runs just this).
-Exit status 1 if an exactness check fails or a stage errors.
+gpu_triton.py; skipped, saying why, on CPU or without Triton; --triton-only runs just this);
+then decode as CUDA graphs per batch-size bucket on the 1B shape: graph == eager bit for bit,
+and the step time at batch 1, 8, 32 with and without graphs against the weight-read floor, and
+the Engine with and without graphs (scripts/gpu_graphs.py; --skip-graphs leaves it out; on CPU a
+dry run under Triton's interpreter).
+Every stage runs inside a guard: an exception prints FAIL with its traceback and the next stage
+runs. Exit status 1 if an exactness check fails or a stage errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -127,6 +135,34 @@ def serve_bench(model: str | None, device: str, dtype: str, compile_model: bool)
         return out
 
 
+def _stage(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one stage; an exception is printed as FAIL with its traceback and the run goes on
+    (a device session is too short to lose the stages after a broken one)."""
+    t0 = time.perf_counter()
+    try:
+        r = fn()
+    except Exception:
+        tb = traceback.format_exc()
+        print(f"FAIL {name}\n{tb}", flush=True)
+        return {"stage": name, "ok": False, "error": tb, "wall_s": time.perf_counter() - t0}
+    r = {"stage": name, **r}
+    r.setdefault("wall_s", time.perf_counter() - t0)
+    if "ok" in r:
+        status = "skipped: " + r["skipped"] if "skipped" in r else "ok" if r["ok"] else "FAIL"
+        print(f"{name}: {status} ({r['wall_s']:.1f} s)", flush=True)
+    return r
+
+
+def _scripts_module(name: str) -> Any:
+    """scripts/<name>.py, as a package module (tests) or from scripts/ on the path (a run)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"scripts.{name}")
+    except ImportError:
+        return importlib.import_module(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda[:N] (default), or cpu for a dry run")
@@ -134,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true", help="also check the compiled model")
     p.add_argument("--skip-bench", action="store_true", help="exactness only")
     p.add_argument("--skip-triton", action="store_true", help="no Triton kernel stage")
+    p.add_argument("--skip-graphs", action="store_true", help="no decode-graph stage")
     p.add_argument("--triton-only", action="store_true", help="only the Triton kernel stage")
     p.add_argument("--json", default=None, help="write all results here")
     args = p.parse_args(argv)
@@ -141,34 +178,37 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device visible; use --device cpu for a dry run", file=sys.stderr)
         return 2
     results: dict[str, Any] = {"exactness": [], "bench": []}
-    failed = False
     if not args.skip_triton:
-        try:
-            from scripts.gpu_triton import triton_check
-        except ImportError:  # run as `python scripts/gpu_check.py`: scripts/ is on the path
-            from gpu_triton import triton_check  # type: ignore[no-redef]
-
-        r = triton_check(args.device)
-        print("triton", "skipped: " + r["skipped"] if "skipped" in r else "ok" if r["ok"] else
-              "FAILED", flush=True)  # fmt: skip
-        results["triton"] = r
-        failed |= not r["ok"]
+        gt = _scripts_module("gpu_triton")
+        results["triton"] = _stage("triton", lambda: gt.triton_check(args.device))
+    if not args.skip_graphs and not args.triton_only:
+        gg = _scripts_module("gpu_graphs")
+        bw = results.get("triton", {}).get("copy_GB/s")
+        results["graphs"] = _stage("graphs", lambda: gg.graphs_check(args.device, bw))
+        results["engine_graphs"] = _stage(
+            "engine_graphs", lambda: gg.engine_graphs(args.device, args.model)
+        )
     for dtype in () if args.triton_only else (torch.float32, torch.bfloat16):
         for comp in (False, True) if args.compile else (False,):
-            r = exactness(args.model, args.device, dtype, comp)
-            print("exactness", json.dumps(r), flush=True)
+            check = functools.partial(exactness, args.model, args.device, dtype, comp)
+            r = _stage(f"exactness {dtype} compiled={comp}", check)
+            print("exactness", json.dumps({k: v for k, v in r.items() if k != "error"}))
             results["exactness"].append(r)
-            failed |= not r["ok"]
     if not args.skip_bench and not args.triton_only:
         dt = "float32" if args.device == "cpu" else "bfloat16"
         for stage in (engine_bench, serve_bench):
-            r = stage(args.model, args.device, dt, args.compile)
-            results["bench"].append({"stage": stage.__name__, **r})
-            failed |= r["rc"] != 0
+            r = _stage(
+                stage.__name__, functools.partial(stage, args.model, args.device, dt, args.compile)
+            )
+            r.setdefault("ok", r.get("rc") == 0)
+            results["bench"].append(r)
+    stages = [r for k, r in results.items() if isinstance(r, dict)]
+    stages += results["exactness"] + results["bench"]
+    failed = [r["stage"] for r in stages if not r.get("ok", False)]
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-    print("FAILED" if failed else "OK", flush=True)
+            json.dump(results, f, indent=2, default=str)
+    print(f"FAILED: {', '.join(failed)}" if failed else "OK", flush=True)
     return 1 if failed else 0
 
 

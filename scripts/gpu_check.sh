@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Accelerator check (<= 8 minutes): exactness vs transformers on the device (float32 and
+# Accelerator check (<= 8 minutes): the Triton kernels, decode CUDA graphs (1B shape: graph == eager,
+# step time with and without graphs), exactness vs transformers on the device (float32 and
 # bfloat16, eager and compiled), `radixkv bench engine`, and a short serving benchmark.
 #   scripts/gpu_check.sh                      # cuda, results in gpu_check.json
 #   scripts/gpu_check.sh --device cpu         # the same path on CPU (dry run)

@@ -69,6 +69,14 @@ class ModelConfig(Section):
         "on-disk cache under the RadixKV cache dir)",
         negatable=True,
     )
+    cuda_graph_max_bs: int | None = opt(
+        None,
+        "decode as CUDA graphs captured per batch size up to N (buckets 1, 2, 4, 8, 16, 24, ...); "
+        "0: eager decode. Default: 32 on CUDA with a backend that supports graphs (Triton); "
+        "always off on CPU and for hybrid models",
+        type=int,
+        min=0,
+    )
 
     def check(self) -> list[tuple[str, str]]:
         if not _DEVICE.fullmatch(self.device):

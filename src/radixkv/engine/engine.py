@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.engine import choices, introspect, setup, stats
+from radixkv.engine import choices, graph_runner, introspect, setup, stats
 from radixkv.engine.logits import next_tokens
 from radixkv.engine.memory_factory import build_memory
 from radixkv.engine.request import Request, Status
@@ -58,7 +58,12 @@ class Engine:
         self.vocab_size = int(mc.vocab_size)
         self.max_model_len = int(cfg.scheduler.max_model_len or mc.max_position_embeddings)
         self.eos_token_ids = setup.eos_token_ids(mc, self.tokenizer)
-        mem = build_memory(cfg, self.lm, dtype, device, self.max_model_len)
+        hybrid = setup.hybrid_spec(mc, cfg) is not None
+        graph_bs = min(  # no bucket larger than a step can be
+            graph_runner.graph_max_bs(cfg.model.cuda_graph_max_bs, device, self.lm.model, hybrid),
+            cfg.scheduler.max_running_requests,
+        )
+        mem = build_memory(cfg, self.lm, dtype, device, self.max_model_len, graph_bs > 0)
         self.pool, self.pools, self.table = mem.pool, mem.pools, mem.table
         self.allocator, self.kv = mem.allocator, mem.kv
         self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
@@ -67,6 +72,8 @@ class Engine:
         self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, mem.swa_table)
         if cfg.model.compile:
             self.runner.compile()
+        # Decode graphs per batch-size bucket, captured after the compile's warm-up.
+        graph_runner.attach(self.runner, graph_bs, mem.scratch_slot, self.table.max_context)
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
         self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use

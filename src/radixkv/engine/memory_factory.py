@@ -38,13 +38,21 @@ class EngineMemory:
     table: ReqToTokenTable
     swa_table: ReqToTokenTable | None
     kv: KVManager
+    scratch_slot: int | None = None  # the decode graphs' scratch slot, outside the allocator
 
 
 def build_memory(
-    cfg: EngineConfig, lm: Any, dtype: torch.dtype, device: str, max_model_len: int
+    cfg: EngineConfig,
+    lm: Any,
+    dtype: torch.dtype,
+    device: str,
+    max_model_len: int,
+    scratch: bool = False,
 ) -> EngineMemory:
     """The engine's memory for `lm` (a loaded model: .model / .config / .tokenizer) under the
-    validated `cfg`; raises ValueError for a combination the engine does not serve."""
+    validated `cfg`; raises ValueError for a combination the engine does not serve. `scratch`:
+    take the pool's last page out of the allocator's range for the decode graphs' padding
+    (radixkv.engine.graph_runner)."""
     mc = lm.config
     spec: PoolSpec | None = setup.hybrid_spec(mc, cfg)
     page_size = cfg.cache.page_size
@@ -59,6 +67,7 @@ def build_memory(
             KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
         )
     allocator = PageAllocator(num_slots, page_size)
+    scratch_slot = allocator.reserve_tail() if scratch else None
     # A request's row holds its whole context: at most max_model_len, never more than the pool.
     max_context = min(allocator.pages_for(max_model_len) * page_size, allocator.num_slots)
     max_running = cfg.scheduler.max_running_requests
@@ -90,4 +99,4 @@ def build_memory(
     tree = plain if comp is None else comp.cache
     events = kv_events.sink_for_engine(cfg.cache, tree, tiers, spec)
     kv = KVManager(allocator, table, plain, comp, tiers, events)
-    return EngineMemory(pool, pools, allocator, table, swa_table, kv)
+    return EngineMemory(pool, pools, allocator, table, swa_table, kv, scratch_slot)

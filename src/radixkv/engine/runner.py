@@ -34,6 +34,8 @@ class ModelRunner:
         # Hybrid models: the ModelPools handed to the model, and the SWA slot table.
         self.pools = pools
         self.swa_table = swa_table
+        # Decode graphs (radixkv.engine.graph_runner.attach), None when decode runs eagerly.
+        self.graphs: Any = None
 
     def build(self, sched: ScheduledBatch) -> ForwardBatch:
         """The step's batch: token ids, and each request's slot-table row up to its new length
@@ -88,7 +90,9 @@ class ModelRunner:
         """Logits [R, vocab] of each request's last new token."""
         batch = self.build(sched)
         with torch.inference_mode():
-            logits = self.model(batch, self.pool if self.pools is None else self.pools)
+            logits = None if self.graphs is None else self.graphs.run(batch)  # None: eager
+            if logits is None:
+                logits = self.model(batch, self.pool if self.pools is None else self.pools)
         if logits.shape[0] != batch.num_requests:
             raise RuntimeError(
                 f"model returned {logits.shape[0]} logit rows for {batch.num_requests} requests"

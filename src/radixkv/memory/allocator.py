@@ -38,6 +38,7 @@ class PageAllocator:
         # Stack of free page ids; popping from the end hands out low page ids first.
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))
         self._allocated = np.zeros(self.num_pages, dtype=bool)
+        self.reserved_slots = 0  # slots taken out of the range for good (`reserve_tail`)
 
     @property
     def free_pages(self) -> int:
@@ -108,6 +109,25 @@ class PageAllocator:
         if ps == 1:
             return arr.copy()
         return (arr[:, None] * ps + np.arange(ps, dtype=np.int64)).reshape(-1)
+
+    def reserve_tail(self) -> int:
+        """Take the last page out of the allocator's range for good and return its first slot
+        (the decode graphs' scratch slot, radixkv.engine.graph_runner). Only before anything is
+        handed out. `num_pages` / `num_slots` shrink by one page, so the census free + cached +
+        held == num_slots still balances, and the page can never be handed out or freed (its
+        id is out of range); the pool's tensors keep it: pool slots == num_slots +
+        reserved_slots."""
+        if self.num_pages < 2:
+            raise ValueError("reserving a page needs a pool of at least two pages")
+        if self.free_pages != self.num_pages:
+            raise AllocationError("reserve_tail before any page is handed out")
+        last = self.num_pages - 1
+        self._free.remove(last)
+        self._allocated = self._allocated[:last].copy()
+        self.num_pages = last
+        self.num_slots -= self.page_size
+        self.reserved_slots += self.page_size
+        return last * self.page_size
 
     def is_allocated(self, page: int) -> bool:
         return bool(self._allocated[page])
