@@ -320,6 +320,11 @@ class ServerConfig(Section):
         "format the chat template's tool instructions name",
         choices=TOOL_CALL_PARSERS,
     )
+    chat_template: str | None = opt(
+        None,
+        "a Jinja chat template to use instead of the checkpoint's: a file's path, or the template "
+        "itself (text holding Jinja tags); --tool-call-parser then defaults to the format it names",
+    )
     retry_after: int = opt(
         1,
         "seconds in the Retry-After header of a 503 (overloaded: --max-running-requests running "

@@ -71,8 +71,7 @@ class Tokenizer:
     ) -> None:
         self.backend = backend
         self.special_tokens = special_tokens
-        self.chat_template = chat_template
-        self._template = None if chat_template is None else _compile_template(chat_template)
+        self.chat_template = chat_template  # compiled by the setter
         self.eos_token_ids = eos_token_ids
         bos = special_tokens.get("bos_token")
         self.bos_token_id = None if bos is None else backend.token_to_id(bos)
@@ -84,8 +83,17 @@ class Tokenizer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        source = self.chat_template
+        self.chat_template = self._source
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's source; setting it compiles it (a server's --chat-template)."""
+        return self._source
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
         self._template = None if source is None else _compile_template(source)
+        self._source = source
 
     @classmethod
     def from_pretrained(

@@ -37,7 +37,7 @@ from radixkv.server.gateway import install_gateway_routes
 from radixkv.server.generate import respond, sampling_for
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
-from radixkv.server.prompts import parse_chat, parse_completion
+from radixkv.server.prompts import load_chat_template, parse_chat, parse_completion
 from radixkv.server.protocol import APIError
 from radixkv.server.serving import Kind
 from radixkv.server.sessions import SessionTracker
@@ -73,12 +73,19 @@ class ServerState:
         self.recent = RecentRequests(self.label_key)
         self.metrics = ServerMetrics(self.engine.metrics)
         self.started = int(time.time())
-        # --tool-call-parser, else the format the chat template's tool instructions point to.
-        self.tool_call_parser: str | None = self.config.server.tool_call_parser
-        if self.tool_call_parser is None:
-            self.tool_call_parser = parser_for_template(
-                getattr(self.tokenizer, "chat_template", None)
-            )
+        self.tool_call_parser: str | None = None
+        self.configure(self.config)
+
+    def configure(self, config: EngineConfig) -> None:
+        """Apply the server section: --chat-template replaces the tokenizer's template (the API
+        side renders every prompt); --tool-call-parser, else the format the chat template's tool
+        instructions point to."""
+        self.config = config
+        if config.server.chat_template is not None:
+            self.tokenizer.chat_template = load_chat_template(config.server.chat_template)
+        self.tool_call_parser = config.server.tool_call_parser or parser_for_template(
+            getattr(self.tokenizer, "chat_template", None)
+        )
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -100,8 +107,7 @@ def create_app(
     (`radixkv serve`: its server section is what /config shows), else the engine's."""
     state = ServerState(engine, model_name, api_key)
     if config is not None:
-        state.config = config
-        state.tool_call_parser = config.server.tool_call_parser or state.tool_call_parser
+        state.configure(config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

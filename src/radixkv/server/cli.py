@@ -125,11 +125,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from radixkv.server.app import create_app
     from radixkv.server.engine_proc import EngineStartError
     from radixkv.server.launch import close_server_engine, open_server_engine
+    from radixkv.server.prompts import load_chat_template
 
     setup_logging(args.log_level)
     config = config_from_args(args)
     srv = config.server
     log.info("%s", config.format())
+    if srv.chat_template is not None:  # a bad path fails here, not after the model loads
+        try:
+            load_chat_template(srv.chat_template)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
     try:
         engine = open_server_engine(config)
     except EngineStartError as exc:

@@ -6,9 +6,12 @@ OpenAI-style 4xx (APIError), never FastAPI's 422."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import Request
+from jinja2 import TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from radixkv.server.protocol import (
     APIError,
@@ -119,3 +122,19 @@ def tool_plan(state: ServerState, req: ChatCompletionRequest) -> ToolPlan | None
         grammar = auto_grammar(state.tool_call_parser, req.tools or [])
     forced = mode != "auto"
     return ToolPlan(parser, single=not req.parallel_tool_calls, forced=forced, grammar=grammar)
+
+
+def load_chat_template(value: str) -> str:
+    """The template `--chat-template` names: the text of the file at `value`, else `value` itself
+    when it reads as a Jinja template ('{{' or '{%'); ValueError for anything else (a mistyped
+    path must not become the template), or a template Jinja cannot compile."""
+    path = Path(value).expanduser()
+    if "{{" not in value and "{%" not in value:
+        if not path.is_file():
+            raise ValueError(f"--chat-template: no such file: {value}")
+        value = path.read_text()
+    try:
+        ImmutableSandboxedEnvironment().parse(value)
+    except TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template does not compile: {exc}") from None
+    return value
