@@ -73,7 +73,7 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def room(module: str) -> str:
-    """The top-level folder of src/radixkv a module lives in (`radixkv.engine.kv_manager` →
+    """The top-level folder of src/radixkv a module lives in (`radixkv.engine.kv.kv_manager` →
     `engine`); the package's own top-level modules (`__init__`, `cli`, `__main__`) are the room
     `radixkv`."""
     parts = MODULES[module].relative_to(SRC).parts
@@ -149,10 +149,12 @@ TREE = {"radixkv.cache"} | {
 def test_the_tiers_import_neither_the_tree_nor_the_kv_manager() -> None:
     """Not even through another module: the tiers return plans, the KV manager carries them out
     (only it moves device slots and request locks)."""
-    for tiers in ("radixkv.engine.tiers", "radixkv.engine.storage_tier"):
+    for tiers in ("radixkv.engine.tiers.manager", "radixkv.engine.tiers.storage_tier"):
         reach = _reachable(tiers)
-        assert "radixkv.engine.tiers" in _reachable("radixkv.engine.kv_manager")
-        forbidden = reach & (TREE | {"radixkv.engine.kv_manager", "radixkv.engine.components_kv"})
+        assert "radixkv.engine.tiers.manager" in _reachable("radixkv.engine.kv.kv_manager")
+        forbidden = reach & (
+            TREE | {"radixkv.engine.kv.kv_manager", "radixkv.engine.kv.components_kv"}
+        )
         assert not forbidden, f"{tiers} imports {sorted(forbidden)}"
 
 

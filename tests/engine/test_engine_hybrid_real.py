@@ -14,7 +14,7 @@ import torch
 from engine_helpers import run_checked
 
 from radixkv.engine.engine import Engine
-from radixkv.engine.no_components import NoComponents
+from radixkv.engine.kv.no_components import NoComponents
 from radixkv.engine.types import SamplingParams
 
 pytest.importorskip("radixkv.model.qwen3_5")

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 import radixkv.server.prompts as prompts_module
 from radixkv.engine.engine import Engine
-from radixkv.engine.grammar import GrammarCompiler
+from radixkv.engine.sampling.grammar import GrammarCompiler
 from radixkv.engine.types import EngineConfig
 from radixkv.server.engine_proc import ProcessEngine
 from radixkv.server.launch import close_server_engine

@@ -22,7 +22,7 @@ import aiohttp
 
 from radixkv.bench.client import ClientOptions, RequestResult, send_request
 from radixkv.bench.workloads import BenchRequest
-from radixkv.engine.prefetch import REASONS
+from radixkv.engine.tiers.prefetch import REASONS
 
 # Counters of /cache/stats whose difference over a run is a replica's load.
 _COUNTERS = ("finished_requests", "prompt_tokens_total", "cached_prompt_tokens_total")

@@ -43,8 +43,8 @@ def register(subparsers: Any) -> None:
 def _setup(args: argparse.Namespace, store: str) -> Any:
     import torch
 
-    from radixkv.engine.prefetch import PrefetchPolicy
-    from radixkv.engine.tiers import TierManager
+    from radixkv.engine.tiers.manager import TierManager
+    from radixkv.engine.tiers.prefetch import PrefetchPolicy
     from radixkv.memory.pool import KVPool, KVPoolConfig
 
     if args.threads > 0:

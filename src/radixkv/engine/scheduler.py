@@ -37,7 +37,7 @@ import numpy as np
 
 from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.config import SchedulerConfig
-from radixkv.engine.kv_manager import KVManager
+from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.tokens import TokenBuffer
 

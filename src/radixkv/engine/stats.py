@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.engine.request import Request
-from radixkv.engine.tier_setup import Tiers
+from radixkv.engine.tiers.tier_setup import Tiers
 from radixkv.engine.types import EngineMetrics
 
 if TYPE_CHECKING:

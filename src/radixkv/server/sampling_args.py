@@ -1,6 +1,6 @@
 """OpenAI request fields that become plain-data SamplingParams: `logit_bias` and
 `response_format` (json_object / json_schema). Schemas are validated and compiled in the engine
-(radixkv.engine.grammar); here only the shape of the field is checked."""
+(radixkv.engine.sampling.grammar); here only the shape of the field is checked."""
 
 from __future__ import annotations
 

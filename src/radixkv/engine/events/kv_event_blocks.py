@@ -31,7 +31,7 @@ import numpy as np
 
 from radixkv.cache.keys import token_key
 from radixkv.cache.tiers import HASH_BYTES, namespace_seed
-from radixkv.engine.tier_residency import TierOp
+from radixkv.engine.tiers.tier_residency import TierOp
 
 MEDIUM_DEVICE = "GPU"  # vLLM's name for the device pool's medium, whatever the device
 Event = dict[str, Any]
@@ -138,8 +138,9 @@ class BlockLedger:
         return [{"type": "BlockRemoved", "block_hashes": ids, "medium": medium}]
 
     def tier_events(self, ops: list[TierOp]) -> list[Event]:
-        """Pages entering or leaving L2 / L3 (`radixkv.engine.tier_residency`; block = page, so a
-        page hash is the block's id). Consecutive stored pages of one chain become one event."""
+        """Pages entering or leaving L2 / L3 (`radixkv.engine.tiers.tier_residency`; block = page,
+        so a page hash is the block's id). Consecutive stored pages of one chain become one
+        event."""
         out: list[Event] = []
         run: list[TierOp] = []
 

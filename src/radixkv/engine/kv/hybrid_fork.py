@@ -11,7 +11,7 @@ admitted like any request instead.
 
 from __future__ import annotations
 
-from radixkv.engine.components_kv import ComponentMemory
+from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.request import Request
 
 

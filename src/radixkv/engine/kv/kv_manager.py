@@ -7,11 +7,11 @@ Census invariant, after every public call:
 Each page has exactly one owner. A running request's positions [0, prefix_len) are cache-owned
 (locked through `handle`), [prefix_len, capacity) are its `own_pages`.
 
-The host/storage tiers (`tiers`, engine/tiers.py; `NoTiers` when there are none) are told what
-the tree did and hand back load plans; they never move a device slot themselves. Requests held
+The host/storage tiers (`tiers`, engine/tiers/manager.py; `NoTiers` when there are none) are told
+what the tree did and hand back load plans; they never move a device slot themselves. Requests held
 at arrival for their storage pages wait in `held` (`hold_for_storage`, `poll_tiers`).
 
-Hybrid models (SWA / STATE components) have `comp` (engine/components_kv.py), which owns those
+Hybrid models (SWA / STATE components) have `comp` (engine/kv/components_kv.py), which owns those
 pools' bookkeeping and the hybrid tree (`radixkv.cache.HybridCache`): every call that moves data
 in or out of that tree goes through it. A FULL-only model's `comp` is `NoComponents`, whose
 per-request hooks do nothing. `cache` is whichever tree there is, seen through the
@@ -26,15 +26,15 @@ from typing import Any
 import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
-from radixkv.engine import hybrid_fork
-from radixkv.engine.components_kv import ComponentMemory
-from radixkv.engine.hybrid_load import load_components
-from radixkv.engine.kv_events import NULL_SINK, EventSink
-from radixkv.engine.no_components import NoComponents
-from radixkv.engine.prefetch import PrefetchHold
+from radixkv.engine.events.kv_events import NULL_SINK, EventSink
+from radixkv.engine.kv import hybrid_fork
+from radixkv.engine.kv.components_kv import ComponentMemory
+from radixkv.engine.kv.hybrid_load import load_components
+from radixkv.engine.kv.no_components import NoComponents
+from radixkv.engine.kv.tier_load import load_pages
 from radixkv.engine.request import Request
-from radixkv.engine.tier_load import load_pages
-from radixkv.engine.tier_setup import NoTiers, Tiers
+from radixkv.engine.tiers.prefetch import PrefetchHold
+from radixkv.engine.tiers.tier_setup import NoTiers, Tiers
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.req_table import ReqToTokenTable
 
@@ -51,7 +51,7 @@ class KVManager:
     ) -> None:
         """`cache`: the FULL-only prefix cache (None when off, or for a hybrid model, whose
         tree `comp` holds; `comp` frees FULL slots into this `allocator`). `events`: the KV
-        events sink (engine/kv_events.py), told where slots enter or leave the tree."""
+        events sink (engine/events/kv_events.py), told where slots enter or leave the tree."""
         if comp is not None and cache is not None:
             raise ValueError("a hybrid model's prefix cache is its ComponentMemory's tree")
         if comp is not None and comp.full_alloc is not allocator:
@@ -122,7 +122,7 @@ class KVManager:
     ) -> tuple[int, np.ndarray]:
         """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
         this allocates device memory, the tiers copy them down, this inserts them into the tree
-        and moves req's lock onto the longer prefix (engine/tier_load.py; hybrid_load.py for a
+        and moves req's lock onto the longer prefix (engine/kv/tier_load.py; hybrid_load.py for a
         hybrid model, whose every component votes). Returns the new (length, slots)."""
         if isinstance(self.comp, ComponentMemory):
             return load_components(self, req, length, slots)
@@ -202,7 +202,7 @@ class KVManager:
         [prefix_len, kv_len) (the partial tail page; everything when the cache is off) get fresh
         pages of the child's own. Returns (src, dst) FULL slots whose K/V the caller copies, or
         None (nothing changed) when no row or pages are free. A hybrid child gets copies of
-        the parent's own SWA K/V and working state here (`engine/hybrid_fork.py`).
+        the parent's own SWA K/V and working state here (`engine/kv/hybrid_fork.py`).
         """
         if self.table.free_rows == 0:
             return None

@@ -16,9 +16,9 @@ pages it is about to free (`on_evict`), pages a match hit (`on_l1_hit`). Page fl
 - match: after the L1 match, `plan_load` names the L2 pages that continue it (a `LoadPlan`);
   the KV manager allocates device pages for them, `load` copies them down, and the KV manager
   inserts them into the tree and moves the request's lock onto the longer prefix.
-- L3 (`StorageTier`, engine/storage_tier.py, behind L2): `start_prefetch` (at arrival) fetches
+- L3 (`StorageTier`, engine/tiers/storage_tier.py, behind L2): `start_prefetch` (at arrival) fetches
   the pages past L1/L2 on the storage thread and decides, by the prefetch policy
-  (`radixkv.engine.prefetch`), whether the request waits for them (the KV manager holds it);
+  (`radixkv.engine.tiers.prefetch`), whether the request waits for them (the KV manager holds it);
   verified payloads land in L2 when the engine polls, where `plan_load` finds them. What L1 and
   L2 hold is never waited for (a held request's L2 pages are pinned until its match); what has
   not arrived by admission is recomputed.
@@ -38,10 +38,10 @@ import numpy as np
 
 from radixkv.cache.tiers import HostIndex, chain_hashes, namespace_seed
 from radixkv.config.sections import WRITE_POLICIES
-from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
-from radixkv.engine.storage_tier import StorageTier
-from radixkv.engine.tier_residency import TierOp, TierResidency
+from radixkv.engine.tiers.prefetch import PrefetchPolicy
+from radixkv.engine.tiers.storage_tier import StorageTier
+from radixkv.engine.tiers.tier_residency import TierOp, TierResidency
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
 from radixkv.storage import PageMeta, make_backend
@@ -71,7 +71,7 @@ class LoadPlan:
 
 class TierManager:
     """L2 (a host pool indexed by page hash) and, with a backend, L3 behind it (`storage`,
-    engine/storage_tier.py). Called by the KV manager and the engine; calls neither."""
+    engine/tiers/storage_tier.py). Called by the KV manager and the engine; calls neither."""
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ import numpy as np
 from radixkv.engine.request import Request
 
 if TYPE_CHECKING:
-    from radixkv.engine.kv_manager import KVManager
+    from radixkv.engine.kv.kv_manager import KVManager
 
 
 def load_pages(

@@ -1,6 +1,6 @@
 """`NoComponents`: the component memory of a model with FULL attention layers only.
 
-The null `ComponentMemory` (engine/components_kv.py): there is no SWA or STATE pool, so there is
+The null `ComponentMemory` (engine/kv/components_kv.py): there is no SWA or STATE pool, so there is
 nothing to reserve, track or free per request, and the KV manager calls its per-request hooks
 unconditionally instead of asking whether the model is hybrid."""
 

@@ -7,7 +7,7 @@ Like `TierManager` (whose FULL side this is), the tiers are called and never cal
 manager's hybrid memory (`ComponentMemory`) reports what the tree adopted (`on_components_insert`)
 and what it frees (`on_evict`); `plan_load` votes over what L2 holds exactly as the tree's
 components vote (`radixkv.cache.tier_vote`) and returns a `HybridLoadPlan`; the KV manager
-allocates device memory of every component for it (`radixkv.engine.hybrid_load`) and `load`
+allocates device memory of every component for it (`radixkv.engine.kv.hybrid_load`) and `load`
 copies the plan's values down.
 
 What is kept: FULL pages by the write policy; SWA pages and checkpoints are written through when
@@ -27,9 +27,9 @@ import numpy as np
 
 from radixkv.cache.tier_vote import deepest_boundary, tier_boundaries, window_pages_before
 from radixkv.cache.tiers import HostIndex
-from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
-from radixkv.engine.tiers import MAX_PREFETCH_PAGES, LoadPlan, TierManager, _key
+from radixkv.engine.tiers.manager import MAX_PREFETCH_PAGES, LoadPlan, TierManager, _key
+from radixkv.engine.tiers.prefetch import PrefetchPolicy
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.host_state import HostStatePool
 from radixkv.memory.hybrid import ModelPools

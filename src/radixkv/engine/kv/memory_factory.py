@@ -17,9 +17,11 @@ from typing import Any
 import torch
 
 from radixkv.config import EngineConfig
-from radixkv.engine import kv_events, setup, tier_setup
-from radixkv.engine.components_kv import ComponentMemory
-from radixkv.engine.kv_manager import KVManager
+from radixkv.engine import setup
+from radixkv.engine.events import kv_events
+from radixkv.engine.kv.components_kv import ComponentMemory
+from radixkv.engine.kv.kv_manager import KVManager
+from radixkv.engine.tiers import tier_setup
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import ModelPools, PoolSpec
 from radixkv.memory.pool import KVPool, KVPoolConfig
@@ -84,7 +86,7 @@ def build_memory(
         pool,
         lm,
         cfg.scheduler.chunked_prefill_size,
-        pools,  # a hybrid model's tiers keep every component (engine/hybrid_tiers.py)
+        pools,  # a hybrid model's tiers keep every component (engine/tiers/hybrid_tiers.py)
         spec.swa_window if spec is not None else None,
     )
     tree = plain if comp is None else comp.cache

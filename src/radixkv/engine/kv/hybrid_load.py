@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixkv.engine.components_kv import ComponentMemory
-from radixkv.engine.hybrid_tiers import HybridLoadPlan, HybridTierManager
+from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.hybrid_tiers import HybridLoadPlan, HybridTierManager
 
 if TYPE_CHECKING:
-    from radixkv.engine.kv_manager import KVManager
+    from radixkv.engine.kv.kv_manager import KVManager
 
 
 def load_components(

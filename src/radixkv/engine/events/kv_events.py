@@ -1,13 +1,13 @@
 """KV cache events: what the engine tells routers about its cache (`--kv-events-config`).
 
 The hook is an `EventSink` that `KVManager` calls at the few places where slots enter or leave
-the prefix cache (look for `self.events.` in engine/kv_manager.py), and that the engine closes at
+the prefix cache (look for `self.events.` in engine/kv/kv_manager.py), and that the engine closes at
 the end of each step (`end_step`). The default is `NULL_SINK`, whose calls do nothing, so the
 hooks need no `is None` branches.
 
 `BlockEventSink` is the real one. On the step loop it only slices the request's tokens at block
 boundaries, reads which device pages end the new blocks, and appends a tuple; `end_step` hands
-the step's list to the publisher thread (`radixkv.engine.kv_event_publisher`), which hashes,
+the step's list to the publisher thread (`radixkv.engine.events.kv_event_publisher`), which hashes,
 encodes and sends. The wire format, block ids and page ↔ block mapping: `kv_event_blocks`.
 """
 
@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from radixkv.config.kv_events import KVEventsConfig, parse_kv_events_config
-from radixkv.engine.kv_event_blocks import MEDIUM_DEVICE, BlockLedger
-from radixkv.engine.tier_residency import TierOp
+from radixkv.engine.events.kv_event_blocks import MEDIUM_DEVICE, BlockLedger
+from radixkv.engine.tiers.tier_residency import TierOp
 from radixkv.engine.tokens import TokenBuffer
 
 
@@ -158,7 +158,7 @@ def make_sink(
     )
     if not cfg.active:
         return NULL_SINK
-    from radixkv.engine.kv_event_publisher import ZmqEventPublisher  # zmq only when used
+    from radixkv.engine.events.kv_event_publisher import ZmqEventPublisher  # zmq only when used
 
     block = cfg.block_tokens(page_size)
     ledger = BlockLedger(block, page_size, fingerprint)

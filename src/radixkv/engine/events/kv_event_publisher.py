@@ -1,6 +1,6 @@
 """The publisher thread: page operations in, vLLM-format KV event batches out on ZMQ.
 
-The step loop only appends cheap tuples (see `radixkv.engine.kv_events`) and, once per step,
+The step loop only appends cheap tuples (see `radixkv.engine.events.kv_events`) and, once per step,
 puts that step's list on a queue. This thread turns each list into events (hashing, on the
 `BlockLedger`), encodes one batch per step with msgpack and sends it as three frames:
 
@@ -40,7 +40,7 @@ import msgpack
 import zmq
 
 from radixkv.config.kv_events import KVEventsConfig
-from radixkv.engine.kv_event_blocks import BlockLedger, Event, encode_batch
+from radixkv.engine.events.kv_event_blocks import BlockLedger, Event, encode_batch
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixkv.engine.request import Request
-from radixkv.engine.sampler import make_generator
-from radixkv.engine.stop import TextStream
+from radixkv.engine.sampling.sampler import make_generator
+from radixkv.engine.sampling.stop import TextStream
 from radixkv.engine.types import RequestError, RequestOptions, SamplingParams
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def validate(sampling: SamplingParams, max_n: int, vocab_size: int) -> None:
 
 
 def make_grammar(engine: Engine) -> Any:
-    from radixkv.engine.grammar import GrammarCompiler
+    from radixkv.engine.sampling.grammar import GrammarCompiler
 
     return GrammarCompiler(
         engine.tokenizer.backend.to_str(), engine.vocab_size, sorted(engine.eos_token_ids)

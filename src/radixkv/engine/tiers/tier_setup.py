@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from radixkv.config import CacheConfig
-from radixkv.engine.prefetch import PrefetchPolicy
 from radixkv.engine.request import Request
-from radixkv.engine.tier_residency import TierOp
-from radixkv.engine.tiers import LoadPlan, TierManager
+from radixkv.engine.tiers.manager import LoadPlan, TierManager
+from radixkv.engine.tiers.prefetch import PrefetchPolicy
+from radixkv.engine.tiers.tier_residency import TierOp
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.hybrid import ModelPools
 from radixkv.memory.pool import KVPool
@@ -81,7 +81,7 @@ def make_tiers(
     policy, timeout_s = cfg.hicache_write_policy, cfg.hicache_storage_timeout_s
     common = (ps, pages, policy, fingerprint, storage, timeout_s, prefetch)
     if pools is not None:
-        from radixkv.engine.hybrid_tiers import HybridTierManager
+        from radixkv.engine.tiers.hybrid_tiers import HybridTierManager
 
         interval = -(-cfg.state_checkpoint_interval // ps) * ps
         return HybridTierManager(pools, swa_window, interval, *common)

@@ -1,7 +1,7 @@
 """The storage tier (L3) behind the host tier (L2): page writes and prefetches on the storage
-thread (`radixkv.storage.worker`), and the prefetch decisions (`radixkv.engine.prefetch`).
+thread (`radixkv.storage.worker`), and the prefetch decisions (`radixkv.engine.tiers.prefetch`).
 
-Only the host tier (`engine/tiers.py`) calls this, and every page goes through L2 both ways:
+Only the host tier (`engine/tiers/manager.py`) calls this, and every page goes through L2 both ways:
 `write` queues the storage copy of a page just added to L2 (pinned there until the write is
 confirmed or fails), `start_prefetch` asks for the prompt pages past what L1 and L2 hold, and
 `poll` lands verified payloads in L2 (pinned for the request still waiting for them, until its
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from radixkv.cache.tiers import HostIndex
-from radixkv.engine.prefetch import PrefetchPolicy
+from radixkv.engine.tiers.prefetch import PrefetchPolicy
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.storage.worker import FetchDone, StorageWorker, WriteDone
 

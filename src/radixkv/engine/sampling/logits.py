@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from radixkv.engine.sampler import sample, sample_one
+from radixkv.engine.sampling.sampler import sample, sample_one
 from radixkv.engine.types import SamplingParams, TokenLogprobs
 
 
