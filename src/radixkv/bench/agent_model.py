@@ -67,13 +67,13 @@ def model_dir(name: str) -> Path:
     `radixkv.bench.tiny_model` (`tiny`, `tiny-32k`, `1b`) → built on first use; an embedded short
     name (`gemma3-270m`) → its converted checkpoint; anything else: a checkpoint directory."""
     from radixkv.bench.tiny_model import MODELS, resolve_model
-    from radixkv.model.default import default_model_path
+    from radixkv.model.checkpoints.default import default_model_path
 
     if name == "default":
         return Path(default_model_path())
     if name in MODELS:
         return Path(str(resolve_model(name)))
-    from radixkv.model.embedded import resolve_model as resolve_embedded
+    from radixkv.model.checkpoints.embedded import resolve_model as resolve_embedded
 
     return Path(resolve_embedded(name))
 

@@ -77,7 +77,7 @@ def machine_info() -> dict[str, Any]:
 def _resolve_model(model: str) -> tuple[str | None, str | None]:
     """(--model to pass to the server or None for its default, dir holding tokenizer.json)."""
     if model == "default":
-        from radixkv.model.default import default_model_path
+        from radixkv.model.checkpoints.default import default_model_path
 
         return None, str(default_model_path())
     return model, model if (Path(model) / "tokenizer.json").is_file() else None

@@ -59,7 +59,7 @@ class Shape:
 def vocab_size(model: str | None) -> int:
     """The model's vocabulary size from its config.json (a short name resolved, without loading
     weights); ID_HI when it cannot be read."""
-    from radixkv.model.embedded import resolve_model
+    from radixkv.model.checkpoints.embedded import resolve_model
 
     try:
         cfg = json.loads((resolve_model(model) / "config.json").read_text())

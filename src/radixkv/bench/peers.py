@@ -217,7 +217,7 @@ def peers_model(name: str) -> str:
     """`--model`: `default` → the embedded model's directory; `1b` (or `tiny`) → the seeded
     checkpoint's, built on first use; anything else is a checkpoint directory, as given."""
     from radixkv.bench.tiny_model import resolve_model
-    from radixkv.model.default import default_model_path
+    from radixkv.model.checkpoints.default import default_model_path
 
     if name == "default":
         return str(default_model_path())

@@ -97,7 +97,7 @@ MODELS: dict[str, SeededLlama] = {TINY_NAME: TINY, TINY_32K_NAME: TINY_32K, ONE_
 def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -> Path:
     """The checkpoint's directory, built on first use (later calls reuse it, whatever the
     overrides: they are for tests that build a small variant of a shape in their own `out`)."""
-    from radixkv.model.gguf_convert import cache_root
+    from radixkv.model.checkpoints.gguf_convert import cache_root
 
     out = out or cache_root() / spec.dir_name
     if (out / "config.json").exists():

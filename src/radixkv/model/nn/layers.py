@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from radixkv.model.linear import LIB
+from radixkv.model.nn.linear import LIB
 
 
 @cache

@@ -17,8 +17,8 @@ import torch
 
 from radixkv.memory.hybrid import StatePool
 from radixkv.model.batch import ForwardBatch
-from radixkv.model.hybrid import HybridLM, Step
-from radixkv.model.layers import rope_cos_sin, rope_inv_freq
+from radixkv.model.families.hybrid import HybridLM, Step
+from radixkv.model.nn.layers import rope_cos_sin, rope_inv_freq
 
 
 @dataclass

@@ -27,7 +27,7 @@ from radixkv.model.attention import TorchAttention
 
 if TYPE_CHECKING:
     from radixkv.model.attention import KVStep
-    from radixkv.model.llama import CausalLM, DecoderLayer
+    from radixkv.model.families.llama import CausalLM, DecoderLayer
 
 
 def _layer_ok(layer: DecoderLayer, dtype: torch.dtype) -> bool:

@@ -23,7 +23,8 @@ from radixkv.model.attention import (
     kv_components,
 )
 from radixkv.model.batch import ForwardBatch
-from radixkv.model.blocks import (
+from radixkv.model.config import LlamaConfig
+from radixkv.model.nn.blocks import (
     Attention,
     AttentionSpec,
     GatedMLP,
@@ -31,13 +32,12 @@ from radixkv.model.blocks import (
     WeightGetter,
     Weights,
 )
-from radixkv.model.config import LlamaConfig
-from radixkv.model.layers import rms_norm, rope_cos_sin, rope_inv_freq
-from radixkv.model.linear import PackedLinear
-from radixkv.model.native_stack import NativeStack
+from radixkv.model.nn.layers import rms_norm, rope_cos_sin, rope_inv_freq
+from radixkv.model.nn.linear import PackedLinear
+from radixkv.model.nn.native_stack import NativeStack
 
 if TYPE_CHECKING:
-    from radixkv.model.compiled import CompiledStack
+    from radixkv.model.nn.compiled import CompiledStack
 
 __all__ = ["CausalLM", "DecoderLayer", "LayerOps", "WeightGetter"]
 
@@ -130,15 +130,15 @@ class CausalLM(nn.Module):
     supports_compile = True  # ModelRunner.compile: this model has a compiled layer stack
 
     def compile(self) -> None:
-        """Run the layer stack through torch.compile from now on (see radixkv.model.compiled).
+        """Run the layer stack through torch.compile from now on (see radixkv.model.nn.compiled).
         Idempotent: a model shared by several engines is compiled once."""
-        from radixkv.model.compiled import CompiledStack
+        from radixkv.model.nn.compiled import CompiledStack
 
         if self.compiled is None:
             self.compiled = CompiledStack(self.decoder_layers)
 
     def native_stack(self) -> NativeStack | None:
-        """The layers as one C++ call (radixkv.model.native_stack), built on first use; None
+        """The layers as one C++ call (radixkv.model.nn.native_stack), built on first use; None
         where it cannot serve this model."""
         if self._native is True:
             self._native = NativeStack.of(self)

@@ -11,8 +11,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from radixkv.model.default import default_model_path
-from radixkv.model.gemma3_gguf import gemma3_270m_path
+from radixkv.model.checkpoints.default import default_model_path
+from radixkv.model.checkpoints.gemma3_gguf import gemma3_270m_path
 
 # short name → its converted checkpoint directory, converting on first use (FileNotFoundError
 # naming the pip command when its package is not installed)

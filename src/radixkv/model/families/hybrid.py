@@ -28,9 +28,9 @@ from radixkv.model.attention import (
     kv_components,
 )
 from radixkv.model.batch import ForwardBatch
-from radixkv.model.blocks import Weights
 from radixkv.model.config import UnsupportedArchitectureError, _opt_int, base_fields
-from radixkv.model.linear import PackedLinear
+from radixkv.model.nn.blocks import Weights
+from radixkv.model.nn.linear import PackedLinear
 
 KINDS = ("full", "swa", "state")
 # HF `layer_types` entries → our component kinds.

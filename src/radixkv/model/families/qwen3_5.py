@@ -2,8 +2,8 @@
 
 DeltaNet layer: in_proj_qkv → depthwise causal conv (kernel K, SiLU; state = the last K-1 inputs)
 → q, k, v; beta = sigmoid(in_proj_b), g = -exp(A_log) * softplus(in_proj_a + dt_bias); the gated
-delta rule (radixkv.model.deltanet: chunked for prompts/chunks, recurrent for decode) over a
-float32 state [v_heads, dk, dv]; per-head RMSNorm gated by SiLU(in_proj_z); out_proj.
+delta rule (radixkv.model.families.deltanet: chunked for prompts/chunks, recurrent for decode) over
+a float32 state [v_heads, dk, dv]; per-head RMSNorm gated by SiLU(in_proj_z); out_proj.
 Attention layer: q_proj yields queries and an output gate per head; (1 + w) Q/K norms; RoPE on the
 first `partial_rotary_factor` of each head; output * sigmoid(gate). Norms are (1 + w) RMSNorms.
 """
@@ -18,13 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
-from radixkv.model import deltanet
 from radixkv.model.attention import AttentionBackend
-from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, Step, kind_indices
-from radixkv.model.layers import lanewise, rms_norm, rms_norm_1p
-from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv, read_state
+from radixkv.model.families import deltanet
+from radixkv.model.families.hybrid import HybridConfig, Step, kind_indices
+from radixkv.model.families.state_layers import RopeStateLM, StateMeta, causal_conv, read_state
+from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, Weights
+from radixkv.model.nn.layers import lanewise, rms_norm, rms_norm_1p
 
 ARCH = "Qwen3_5ForCausalLM"
 

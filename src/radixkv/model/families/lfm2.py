@@ -15,11 +15,11 @@ from torch import nn
 
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
-from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, Step, kind_indices
-from radixkv.model.layers import rms_norm
-from radixkv.model.state_layers import RopeStateLM, StateMeta, causal_conv
+from radixkv.model.families.hybrid import HybridConfig, Step, kind_indices
+from radixkv.model.families.state_layers import RopeStateLM, StateMeta, causal_conv
+from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, Weights
+from radixkv.model.nn.layers import rms_norm
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ Elsewhere (no kernels, other dtypes, $RADIXKV_CPU_KERNELS=0) the weight is prepa
 where torch has it, else kept plain for `F.linear`; those paths are fast but their per-row
 result can depend on the row count.
 
-`PackedLinear.__call__` is the eager path. The compiled path (`radixkv.model.compiled`) cannot
+`PackedLinear.__call__` is the eager path. The compiled path (`radixkv.model.nn.compiled`) cannot
 trace an opaque packed tensor, so it calls the `radixkv::packed_linear` custom op with an integer
 handle into a process-wide registry; inductor treats the op as an extern call and fuses the
 element-wise code around it.

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from radixkv.model.attention import AttentionBackend
-from radixkv.model.blocks import Attention, AttentionSpec, GatedMLP, Weights
 from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.hybrid import HybridConfig, HybridLM, Step
-from radixkv.model.layers import rms_norm_1p, rope_cos_sin, rope_inv_freq
+from radixkv.model.families.hybrid import HybridConfig, HybridLM, Step
+from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, Weights
+from radixkv.model.nn.layers import rms_norm_1p, rope_cos_sin, rope_inv_freq
 
 ARCH = "Gemma3ForCausalLM"
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")

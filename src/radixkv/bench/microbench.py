@@ -1,4 +1,4 @@
-"""Micro-benchmarks of the model layer (no engine): `python -m radixkv.model.microbench`.
+"""Micro-benchmarks of the model layer (no engine): `python -m radixkv.bench.microbench`.
 
 1. Attention kernels on CPU: torch SDPA vs gather + matmul/softmax vs the C++ kernels (all through
    our TorchAttention), for a causal prefill of one request and a batched one-query decode, in

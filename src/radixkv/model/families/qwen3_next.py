@@ -1,7 +1,7 @@
 """Qwen3-Next (`Qwen3NextForCausalLM`): Qwen3.5's hybrid (gated DeltaNet + gated attention) with
 sparse mixture-of-experts MLPs.
 
-Differences from Qwen3.5, all handled here on top of radixkv.model.qwen3_5:
+Differences from Qwen3.5, all handled here on top of radixkv.model.families.qwen3_5:
 - the DeltaNet input projections are fused per key head (`in_proj_qkvz`, `in_proj_ba`, each key
   head's q, k, v, z rows together); they are regrouped at load time into Qwen3.5's layout;
 - MLPs are sparse MoE blocks (softmax router, top-k, optionally renormalised; a shared expert
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixkv.model.blocks import GatedMLP, WeightGetter, Weights
-from radixkv.model.layers import lanewise
-from radixkv.model.qwen3_5 import Qwen35Config, Qwen35Layer, Qwen35LM
+from radixkv.model.families.qwen3_5 import Qwen35Config, Qwen35Layer, Qwen35LM
+from radixkv.model.nn.blocks import GatedMLP, WeightGetter, Weights
+from radixkv.model.nn.layers import lanewise
 
 ARCH = "Qwen3NextForCausalLM"
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from radixkv.model.gguf_convert import (
+from radixkv.model.checkpoints.gguf_convert import (
     cache_root,
     dequantize,
     field,

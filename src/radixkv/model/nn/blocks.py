@@ -1,10 +1,10 @@
 """The blocks every family is built from: the weights helper, attention and the gated MLP.
 
 Each projection is a `PackedLinear` (the row-invariant C++ GEMM where it serves the weight, see
-radixkv.model.linear), fused at load time (Q/K/V into one matrix, gate/up into one), and every
-row-wise step is a `radixkv::` custom op (radixkv.model.layers). A block makes its two kinds of
+radixkv.model.nn.linear), fused at load time (Q/K/V into one matrix, gate/up into one), and every
+row-wise step is a `radixkv::` custom op (radixkv.model.nn.layers). A block makes its two kinds of
 non-element-wise calls through `LayerOps` (a projection, attention over the pools), so the same
-block runs eagerly and inside the compiled stack (radixkv.model.compiled).
+block runs eagerly and inside the compiled stack (radixkv.model.nn.compiled).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from radixkv.model.layers import apply_rope, gelu_mul, rms_norm, rms_norm_1p, silu_mul
-from radixkv.model.linear import PackedLinear
+from radixkv.model.nn.layers import apply_rope, gelu_mul, rms_norm, rms_norm_1p, silu_mul
+from radixkv.model.nn.linear import PackedLinear
 
 # Returns the HF tensor of that name (already on the target device/dtype), or None if absent.
 WeightGetter = Callable[[str], "torch.Tensor | None"]

@@ -1,4 +1,4 @@
-"""The row-invariant GEMM against oneDNN: `python -m radixkv.model.gemm_bench`.
+"""The row-invariant GEMM against oneDNN: `python -m radixkv.bench.gemm_bench`.
 
 For each projection shape of a model (default: the embedded default model, SmolLM2-135M: fused
 QKV 576 -> 960, O 576 -> 576, fused gate/up 576 -> 3072, down 1536 -> 576, and the lm head

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixkv.model.linear import LIB, PackedLinear
+from radixkv.model.nn.linear import LIB, PackedLinear
 
 if TYPE_CHECKING:
     from radixkv.model.attention import KVStep
-    from radixkv.model.llama import DecoderLayer
+    from radixkv.model.families.llama import DecoderLayer
 
 # The context of the forward in progress; set only while a compiled stack runs (one engine thread
 # runs the model, so one slot suffices).
@@ -64,7 +64,7 @@ _OPS = _TracedOps()
 
 def compile_cache_dir() -> str:
     """Where inductor keeps compiled artefacts (set once, before the first compile)."""
-    from radixkv.model.default import cache_root
+    from radixkv.model.checkpoints.default import cache_root
 
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(cache_root() / "inductor")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path

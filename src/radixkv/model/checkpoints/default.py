@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixkv.model.gguf_convert import (
+from radixkv.model.checkpoints.gguf_convert import (
     MARKER,
     cache_root,
     dequantize,
