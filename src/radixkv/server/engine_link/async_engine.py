@@ -22,8 +22,8 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from radixkv.server.engine_client import EngineClient
-from radixkv.server.engine_core import (
+from radixkv.server.engine_link.engine_client import EngineClient
+from radixkv.server.engine_link.engine_core import (
     Command,
     EngineCore,
     EngineInfo,

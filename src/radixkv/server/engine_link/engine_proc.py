@@ -39,10 +39,10 @@ import zmq
 import zmq.asyncio
 
 from radixkv.engine.types import RequestError
-from radixkv.server import ipc
-from radixkv.server.engine_client import EngineClient
-from radixkv.server.engine_core import Command, EngineInfo, Outputs, StopCmd
-from radixkv.server.engine_proc_main import EngineSpec
+from radixkv.server.engine_link import ipc
+from radixkv.server.engine_link.engine_client import EngineClient
+from radixkv.server.engine_link.engine_core import Command, EngineInfo, Outputs, StopCmd
+from radixkv.server.engine_link.engine_proc_main import EngineSpec
 
 log = logging.getLogger("radixkv.server")
 
@@ -103,7 +103,7 @@ class ProcessEngine(EngineClient):
         paths = [p for p in (os.path.abspath(p or os.curdir) for p in sys.path) if os.path.isdir(p)]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixkv.server.engine_proc_main"],
+            [sys.executable, "-m", "radixkv.server.engine_link.engine_proc_main"],
             stdin=subprocess.PIPE,
             env=env,
         )

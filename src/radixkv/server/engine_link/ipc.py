@@ -5,8 +5,8 @@ Why pickle: both ends are our own trusted processes (the sockets live in a priva
 directory), and pickle carries the engine/types dataclasses (SamplingParams, RequestOptions,
 StreamDelta, EngineMetrics...) and `operator.methodcaller` calls generically, so a field another
 branch adds needs no transport change. A step's message (8 deltas + a metrics snapshot) encodes
-and decodes in tens of microseconds (see `python -m radixkv.server.ipc`), against a decode step of
-tens of milliseconds.
+and decodes in tens of microseconds (see `python -m radixkv.server.engine_link.ipc`), against a
+decode step of tens of milliseconds.
 
 Topology: the API process binds both sockets; the engine process connects.
     commands: API PUSH → engine PULL   (AddCmd, AbortCmd, CallCmd, StopCmd)
@@ -101,7 +101,7 @@ def read_frame(fd: int) -> Any:
 def _bench(n: int = 2000) -> None:
     """Encode/decode cost of a typical decode-step message (8 streams)."""
     from radixkv.engine.types import EngineMetrics, StreamDelta
-    from radixkv.server.engine_core import Outputs
+    from radixkv.server.engine_link.engine_core import Outputs
 
     metrics = EngineMetrics(8, 0, 100_000, 90_000, 2048, 0, 2048, 0, 512, 0, 0)
     out = Outputs(

@@ -4,8 +4,8 @@ Bodies are parsed from raw bytes in strict JSON mode, so a string where a number
 (never FastAPI's 422), and malformed JSON is a 400 too. Unknown fields are ignored (clients send
 many optional ones); fields we cannot honour (suffix, echo together with logprobs) are
 rejected with a 400 that names the parameter instead of being silently dropped. Tools and
-`tool_choice` are checked here too (radixkv.server.tools); a forced choice becomes the request's
-grammar.
+`tool_choice` are checked here too (radixkv.server.tool_calling.tools); a forced choice becomes the
+request's grammar.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from radixkv.engine.types import RequestOptions, SamplingParams
 from radixkv.server.errors import APIError as APIError  # re-exported for the handlers
 from radixkv.server.errors import overloaded as overloaded
-from radixkv.server.sampling_args import logit_bias_pairs, response_format_schema
-from radixkv.server.tools import (
+from radixkv.server.openai.sampling_args import logit_bias_pairs, response_format_schema
+from radixkv.server.tool_calling.tools import (
     Mode,
     ToolCallIn,
     ToolSpec,

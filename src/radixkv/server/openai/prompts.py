@@ -10,13 +10,18 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
-from radixkv.server.protocol import (
+from radixkv.server.openai.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     parse_body,
 )
-from radixkv.server.tools import ToolPlan, auto_grammar, output_parser, render_with_tools
+from radixkv.server.tool_calling.tools import (
+    ToolPlan,
+    auto_grammar,
+    output_parser,
+    render_with_tools,
+)
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

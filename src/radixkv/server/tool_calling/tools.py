@@ -27,7 +27,7 @@ from llguidance import StructTag
 from pydantic import BaseModel, ConfigDict
 
 from radixkv.server.errors import APIError
-from radixkv.server.tool_parsers import (
+from radixkv.server.tool_calling.tool_parsers import (
     PARSERS,
     NamedJsonParser,
     RequiredJsonParser,

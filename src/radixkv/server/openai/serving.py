@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from starlette.requests import Request
 
 from radixkv.engine.types import StreamDelta
-from radixkv.server.logprobs import LogprobsBuilder
-from radixkv.server.protocol import APIError
-from radixkv.server.tool_stream import ToolCallStream
-from radixkv.server.tools import ToolPlan
+from radixkv.server.openai.logprobs import LogprobsBuilder
+from radixkv.server.openai.protocol import APIError
+from radixkv.server.tool_calling.tool_stream import ToolCallStream
+from radixkv.server.tool_calling.tools import ToolPlan
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

@@ -40,7 +40,7 @@ from radixkv.engine.types import (
     SamplingParams,
     StreamDelta,
 )
-from radixkv.server.engine_core import (
+from radixkv.server.engine_link.engine_core import (
     AbortCmd,
     AddCmd,
     CallCmd,

@@ -48,7 +48,7 @@ def open_server_engine(config: EngineConfig) -> Any:
     """What `create_app` gets for this (validated) configuration: a launched ProcessEngine
     (default), or an Engine object built here with `server.in_process`. Raises
     EngineStartError with a message for the user."""
-    from radixkv.server.engine_proc import EngineStartError, ProcessEngine
+    from radixkv.server.engine_link.engine_proc import EngineStartError, ProcessEngine
 
     threads, in_process = config.server.threads, config.server.in_process
     config = config.override(api_key=None)  # the engine never needs the key: it stays here

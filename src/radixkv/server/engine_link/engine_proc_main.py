@@ -1,4 +1,5 @@
-"""The engine process: `python -m radixkv.server.engine_proc_main`, started by ProcessEngine.
+"""The engine process: `python -m radixkv.server.engine_link.engine_proc_main`, started by
+ProcessEngine.
 
 It reads its EngineSpec from stdin, builds the engine (sending EngineInfo, or StartupError and
 exit 1), then runs EngineCore over the ZeroMQ sockets until told to stop.
@@ -36,8 +37,14 @@ from typing import Any
 
 import zmq
 
-from radixkv.server import ipc
-from radixkv.server.engine_core import Command, EngineCore, EngineInfo, Outputs, by_value
+from radixkv.server.engine_link import ipc
+from radixkv.server.engine_link.engine_core import (
+    Command,
+    EngineCore,
+    EngineInfo,
+    Outputs,
+    by_value,
+)
 
 log = logging.getLogger("radixkv.server")
 

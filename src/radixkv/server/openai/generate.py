@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from radixkv.engine.types import RequestError, SamplingParams
-from radixkv.server.protocol import APIError
-from radixkv.server.serving import Generation, Kind
-from radixkv.server.tools import ToolPlan
+from radixkv.server.openai.protocol import APIError
+from radixkv.server.openai.serving import Generation, Kind
+from radixkv.server.tool_calling.tools import ToolPlan
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixkv.server.tool_parsers import CallSnapshot, Parsed, ToolParser
+from radixkv.server.tool_calling.tool_parsers import CallSnapshot, Parsed, ToolParser
 
 log = logging.getLogger("radixkv.server")
 
