@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench import workloads as wl
 from radixkv.bench.engine_driver import drive
-from radixkv.bench.tokens import id_source
+from radixkv.bench.inputs import workloads as wl
+from radixkv.bench.inputs.tokens import id_source
 
 
 class _Sampler:

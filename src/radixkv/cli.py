@@ -25,17 +25,16 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.cluster.cli", False),  # cluster up
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
-    ("radixkv.bench.tiers", True),  # bench tiers
-    ("radixkv.bench.storage", True),  # bench storage
-    ("radixkv.bench.tier_load", True),  # bench tierload
+    ("radixkv.bench.tiers.cli", True),  # bench tiers
+    ("radixkv.bench.tiers.storage", True),  # bench storage
+    ("radixkv.bench.tiers.tier_load", True),  # bench tierload
     ("radixkv.bench.eviction", True),  # bench eviction
-    ("radixkv.bench.serve", True),  # bench serve
-    ("radixkv.bench.compare", True),  # bench compare
+    ("radixkv.bench.serving.serve", True),  # bench serve
+    ("radixkv.bench.serving.compare", True),  # bench compare
     ("radixkv.bench.grammar", True),  # bench grammar
-    ("radixkv.bench.peers", True),  # bench peers
-    ("radixkv.bench.answers", True),  # bench answers
-    ("radixkv.bench.cluster", True),  # bench cluster
-    ("radixkv.bench.agent", True),  # bench agent
+    ("radixkv.bench.serving.answers", True),  # bench answers
+    ("radixkv.bench.cluster.cli", True),  # bench cluster
+    ("radixkv.bench.agent.cli", True),  # bench agent
 )
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_cli import _free_port
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 from radixkv.model.checkpoints.gemma3_gguf import INSTALL_HINT, package_installed
 
 pytestmark = [

@@ -16,7 +16,7 @@ import openai
 import pytest
 import torch
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 

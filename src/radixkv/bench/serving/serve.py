@@ -13,16 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench.client import ClientOptions, RunResult, run_requests
-from radixkv.bench.metrics import format_summary, summarize
-from radixkv.bench.tokens import TokenSource
-from radixkv.bench.workload_cli import (
+from radixkv.bench.inputs.tokens import TokenSource
+from radixkv.bench.inputs.workload_cli import (
     add_workload_args,
     build_workload,
     token_source,
     workloads_help,
 )
-from radixkv.bench.workloads import BenchRequest, Workload
+from radixkv.bench.inputs.workloads import BenchRequest, Workload
+from radixkv.bench.serving.client import ClientOptions, RunResult, run_requests
+from radixkv.bench.serving.metrics import format_summary, summarize
 
 WARMUP_PROMPT_LEN = 32
 WARMUP_MAX_TOKENS = 4

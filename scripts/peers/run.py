@@ -1,6 +1,6 @@
-"""`radixkv bench peers`: RadixKV and vLLM side by side, each measured by a peer's own serving
-benchmark client (vLLM's `vllm.benchmarks.serve`, SGLang's `sglang.bench_serving`) and by ours
-(`radixkv bench serve`).
+"""`python -m scripts.peers` (from a checkout; was `radixkv bench peers`): RadixKV and vLLM side by
+side, each measured by a peer's own serving benchmark client (vLLM's `vllm.benchmarks.serve`,
+SGLang's `sglang.bench_serving`) and by ours (`radixkv bench serve`).
 
 Fairness rules this command enforces rather than documents: both engines serve the same
 checkpoint directory in the same dtype; every (engine, dtype) pair gets a fresh server process that
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench.peer_server import PeerServer, vllm_env
-from radixkv.bench.server_proc import LocalServer, home_relative, served_kernel_paths
+from radixkv.bench.serving.peer_server import PeerServer, scrub, vllm_env
+from radixkv.bench.serving.server_proc import LocalServer, served_kernel_paths
 
 # vLLM's benchmark client, run inside vLLM's virtualenv: its documented Python entry points.
 VLLM_CLIENT = (
@@ -121,8 +121,8 @@ def run_sglang_client(
 
 def run_our_client(url: str, model: str, tokenizer: str, workload: str) -> dict[str, Any]:
     """`radixkv bench serve` (in process) with the workload's equivalent flags."""
-    from radixkv.bench.serve import add_client_args, run_workload
-    from radixkv.bench.workload_cli import add_workload_args, build_workload, token_source
+    from radixkv.bench.inputs.workload_cli import add_workload_args, build_workload, token_source
+    from radixkv.bench.serving.serve import add_client_args, run_workload
 
     p = argparse.ArgumentParser()
     add_workload_args(p)
@@ -154,7 +154,7 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
     """Every (dtype, engine) once per round, each measured on every workload by both clients.
     Rounds rotate the engines' order, so a machine whose speed drifts (a shared host) weighs on
     both alike; the table reports each metric's median over the rounds."""
-    from radixkv.bench.compare import machine_info
+    from radixkv.bench.serving.compare import machine_info
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def run_peers(args: argparse.Namespace) -> dict[str, Any]:
                 runs.append(_measure(args, engine, dtype, rnd, out))
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": shlex.join(["radixkv", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "scripts.peers", *sys.argv[1:]]),
         "machine": machine_info(),
         # Each of our engines' CPU model and kernel paths, as its server reported them.
         "kernel_paths": {r["engine"]: r["kernel_paths"] for r in runs if "kernel_paths" in r},
@@ -185,7 +185,7 @@ def _measure(
     """One fresh server of `engine` in `dtype`, every workload by both clients, then stopped."""
     import asyncio
 
-    from radixkv.bench.serve import served_model_name
+    from radixkv.bench.serving.serve import served_model_name
 
     tag = f"[{engine} {dtype} round {rnd + 1}/{args.rounds}]"
     print(f"{tag} starting", file=sys.stderr)
@@ -226,29 +226,9 @@ def peers_model(name: str) -> str:
 
 def table(result: dict[str, Any]) -> str:
     """Markdown: one row per workload x client x dtype, engines side by side, with ratios."""
-    from radixkv.bench.peer_table import peers_table
+    from scripts.peers.table import peers_table
 
     return peers_table(result)
-
-
-def scrub(
-    text: str,
-    vllm_python: str,
-    sglang_python: str | None = None,
-    out_dir: str | None = None,
-    model_dir: str | None = None,
-) -> str:
-    """Reports carry no machine paths: the peers' interpreters become $VLLM_PYTHON and
-    $SGLANG_PYTHON, the output folder $OUT, a checkpoint given by path $MODEL_DIR (the
-    embedded model's lies under home, which becomes ~)."""
-    named = [(sglang_python, "$SGLANG_PYTHON"), (vllm_python, "$VLLM_PYTHON"), (out_dir, "$OUT")]
-    if model_dir and not model_dir.startswith(str(Path.home())):
-        named.append((model_dir, "$MODEL_DIR"))
-    # Longest first, so a path inside another is replaced by its own name.
-    for path, name in sorted(named, key=lambda pn: -len(pn[0] or "")):
-        if path:
-            text = text.replace(path, name)
-    return home_relative(text)
 
 
 def _cmd_peers(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from radixkv.bench.agent_tools import Count, filler, system_with_tools, tool_list, words
+from radixkv.bench.agent.agent_tools import Count, filler, system_with_tools, tool_list, words
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixkv.bench import workloads as wl
-from radixkv.bench.tokens import (
+from radixkv.bench.inputs import workloads as wl
+from radixkv.bench.inputs.tokens import (
     DEFAULT_ID_RANGE,
     TokenSource,
     id_source,
@@ -29,7 +29,9 @@ class WorkloadSpec:
 
 
 def _trace_builder(tokens: TokenSource, **kw: Any) -> wl.Workload:
-    from radixkv.bench.workload_trace import trace_workload  # imports the trace loaders lazily
+    from radixkv.bench.inputs.workload_trace import (
+        trace_workload,  # imports the trace loaders lazily
+    )
 
     return trace_workload(tokens, **kw)
 

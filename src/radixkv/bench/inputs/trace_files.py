@@ -17,8 +17,8 @@ import os
 import shlex
 from pathlib import Path
 
-# src/radixkv/bench/trace_files.py -> the repository root (for a source checkout).
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# src/radixkv/bench/inputs/trace_files.py -> the repository root (for a source checkout).
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 NAMED_TRACES: dict[str, str] = {
     "mooncake": "mooncake-fast25/conversation_trace.jsonl",

@@ -1,5 +1,6 @@
-"""`radixkv bench peers`: the peer server's start/stop and recorded environment, vLLM's client
-contract (against a stand-in `vllm` package), and the side-by-side table."""
+"""`python -m scripts.peers` (the head-to-head, outside the package): the peer server's start/stop
+and recorded environment, vLLM's client contract (against a stand-in `vllm` package), and the
+side-by-side table."""
 
 from __future__ import annotations
 
@@ -12,19 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The bench tests' fake OpenAI server and tiny checkpoints.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from fake_openai_server import KERNEL_PATHS, FakeServer
 from test_tiny_model import SMALL
 
 from radixkv.bench import tiny_model
-from radixkv.bench.peer_server import PeerServer, vllm_env
-from radixkv.bench.peer_table import peers_table
-from radixkv.bench.peers import (
+from radixkv.bench.serving.peer_server import PeerServer, vllm_env
+from scripts.peers.run import (
     WORKLOADS,
     peers_model,
     register,
     run_sglang_client,
     run_vllm_client,
 )
+from scripts.peers.table import peers_table
 
 HEALTH_SERVER = textwrap.dedent(
     """
@@ -157,7 +161,7 @@ def test_peers_table_takes_the_median_of_rounds() -> None:
 
 
 def test_reports_carry_no_machine_paths() -> None:
-    from radixkv.bench.peers import scrub
+    from radixkv.bench.serving.peer_server import scrub
 
     home = str(Path.home())
     text = f"/opt/venv/bin/python -m x --tokenizer {home}/.cache/m"
@@ -220,7 +224,7 @@ def test_peers_table_names_each_workloads_peer_client() -> None:
 def test_peers_table_puts_each_of_our_engines_against_vllm() -> None:
     """Invariance on and off side by side, each as a ratio to vLLM, whichever engine ran
     first (the rounds rotate the order); the off server is started without our kernels."""
-    from radixkv.bench.peers import OURS
+    from scripts.peers.run import OURS
 
     def run(engine: str, dur: float) -> dict[str, object]:
         v = {"duration": dur, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0, "output_throughput": 1.0}
@@ -283,7 +287,7 @@ def test_peers_json_and_table_carry_the_kernel_paths(
 ) -> None:
     """A whole `bench peers` run on fake servers: our engines' kernel paths, fetched from their
     servers' /config, land in the JSON beside the machine and in the table's header."""
-    from radixkv.bench import peers
+    from scripts.peers import run as peers
 
     _fake_vllm(tmp_path, monkeypatch)
     monkeypatch.setattr(peers, "_server", lambda engine, *_: _FakeEngineServer(engine))
@@ -302,3 +306,20 @@ def test_peers_json_and_table_carry_the_kernel_paths(
     md = (out / "peers.md").read_text()
     assert md.startswith(f"Machine: {result['machine']['cpu']}, ")
     assert "radixkv kernel paths: kernels fake, float32_gemm fma." in md.splitlines()[0]
+
+
+def test_the_tool_runs_from_a_checkout_and_left_the_cli(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`python -m scripts.peers` is the head-to-head's command; `radixkv bench` no longer has it."""
+    from radixkv.cli import build_parser
+    from scripts.peers.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    assert "--vllm-python" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["bench", "peers", "--vllm-python", sys.executable])
+    assert refused.value.code == 2
+    assert "invalid choice: 'peers'" in capsys.readouterr().err

@@ -6,10 +6,11 @@ Configurations: `round_robin` and `cache_aware` (the SGLang Model Gateway, `smg`
 replica, announced in its events) and/or `+l3` (one Redis shared by every replica as its L3).
 For each, a fresh cluster (`radixkv.cluster.launch`) serves the workload with `--concurrency`
 requests in flight; the clients' `cached_tokens` give the cluster hit rate, each
-request's session tells which replica served it. The simulation (`radixkv.bench.cluster_sim`)
-replays the same prompts through the same routing with per-replica page LRUs of the replicas'
-capacity, and adds one global pool of the summed capacity and the ideal (an unbounded pool):
-how close the real cluster gets to one global pool. `--sim-only` runs the simulation alone.
+request's session tells which replica served it. The simulation
+(`radixkv.bench.cluster.cluster_sim`) replays the same prompts through the same routing with
+per-replica page LRUs of the replicas' capacity, and adds one global pool of the summed capacity and
+the ideal (an unbounded pool): how close the real cluster gets to one global pool. `--sim-only` runs
+the simulation alone.
 
 Workloads: those of `bench serve` (`--workload`); the default is the multi-tenant one the issue
 sets its targets on: 6 tenants x 18 requests, each a tenant's 1,000-token prefix + a 32-token
@@ -28,9 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench.client import ClientOptions
-from radixkv.bench.cluster_driver import ClusterRun, drive
-from radixkv.bench.cluster_report import (
+from radixkv.bench.cluster.cluster_driver import ClusterRun, drive
+from radixkv.bench.cluster.cluster_report import (
     DEFAULT_CONFIGS,
     ONE_POOL,
     SimSetup,
@@ -39,10 +39,11 @@ from radixkv.bench.cluster_report import (
     real_summary,
     simulate_all,
 )
+from radixkv.bench.inputs.trace_files import display_args
+from radixkv.bench.inputs.workload_cli import add_workload_args, build_workload, token_source
+from radixkv.bench.inputs.workloads import Workload
+from radixkv.bench.serving.client import ClientOptions
 from radixkv.bench.tiny_model import TINY_NAME, resolve_model
-from radixkv.bench.trace_files import display_args
-from radixkv.bench.workload_cli import add_workload_args, build_workload, token_source
-from radixkv.bench.workloads import Workload
 
 # The issue's multi-tenant setting (flags left unset take these).
 WORKLOAD_DEFAULTS: dict[str, Any] = dict(
@@ -183,7 +184,7 @@ def run_config(
 def _drive(
     args: argparse.Namespace, router_url: str, workers: list[str], workload: Workload, name: str
 ) -> ClusterRun:
-    from radixkv.bench.serve import served_model_name
+    from radixkv.bench.serving.serve import served_model_name
 
     async def go() -> ClusterRun:
         model = await served_model_name(router_url)

@@ -6,13 +6,14 @@ every request, a system prompt and a growing history (every turn appends the rep
 returned it and a tool result of `--result-tokens`), answers of `--answer-tokens` (max_tokens with
 ignore_eos). Per turn: prompt and cached tokens (from `usage`), TTFT, TPOT, E2E; the report checks
 that every turn after the first serves >= 95% of its prompt from the cache. Then a TTFT probe
-(radixkv.bench.agent_probe): a turn after H cached tokens against the same new tokens alone.
+(radixkv.bench.agent.agent_probe): a turn after H cached tokens against the same new tokens alone.
 
 Against `--base-url` (any server, e.g. a vLLM you started), or it starts the servers itself
 (`--engines radixkv,vllm`, one at a time, fresh per dtype, the same checkpoint, dtype and KV
 budget; vLLM from `--vllm-python`). For a ChatML model whose template ignores `tools` (the default
 SmolLM2) both engines serve a view of the checkpoint with a Hermes tool template
-(radixkv.bench.agent_model); `--tools-mode system` puts the tool list in the system prompt instead.
+(radixkv.bench.agent.agent_model); `--tools-mode system` puts the tool list in the system prompt
+instead.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from typing import Any
 
 import aiohttp
 
-from radixkv.bench import agent_model, agent_report
-from radixkv.bench.agent_probe import ttft_probe
-from radixkv.bench.agent_session import AgentPlan, AgentShape, Target, build_plan, run_session
+from radixkv.bench.agent import agent_model, agent_report
+from radixkv.bench.agent.agent_probe import ttft_probe
+from radixkv.bench.agent.agent_session import AgentPlan, AgentShape, Target, build_plan, run_session
 
 PROBE_SLACK = 64  # tokens kept free under the context by the default probe history
 
@@ -78,7 +79,7 @@ async def _model_card(base_url: str, api_key: str | None) -> dict[str, Any]:
 
 async def _warm_and_flush(target: Target, n: int) -> bool:
     """`n` short unrelated chats (first-request costs), then the prefix cache dropped."""
-    from radixkv.bench.serve import _flush
+    from radixkv.bench.serving.serve import _flush
 
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     url = target.base_url.rstrip("/") + "/v1/chat/completions"
@@ -115,8 +116,8 @@ def measure(args: argparse.Namespace, url: str, plan: AgentPlan | None, count: A
 
 @contextlib.contextmanager
 def _server(args: argparse.Namespace, engine: str, dtype: str, ckpt: Path) -> Iterator[Any]:
-    from radixkv.bench.peer_server import PeerServer, vllm_env
-    from radixkv.bench.server_proc import LocalServer
+    from radixkv.bench.serving.peer_server import PeerServer, vllm_env
+    from radixkv.bench.serving.server_proc import LocalServer
 
     log = Path(args.out) / f"server-{engine}-{dtype}.log"
     kv_gb = args.kv_cache_gb
@@ -148,8 +149,8 @@ def serve_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from radixkv.bench.compare import machine_info
-    from radixkv.bench.tokens import load_tokenizer
+    from radixkv.bench.inputs.tokens import load_tokenizer
+    from radixkv.bench.serving.compare import machine_info
 
     Path(args.out).mkdir(parents=True, exist_ok=True)
     tok_dir = args.tokenizer or agent_model.model_dir(args.model)
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
-    from radixkv.bench.peers import scrub
+    from radixkv.bench.serving.peer_server import scrub
 
     if not args.base_url and "vllm" in args.engines.split(",") and not args.vllm_python:
         print("--engines vllm needs --vllm-python", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The side-by-side table of `radixkv bench peers` (kept apart from the runner so it can be
+"""The side-by-side table of `python -m scripts.peers` (kept apart from the runner so it can be
 regenerated from a saved JSON)."""
 
 from __future__ import annotations

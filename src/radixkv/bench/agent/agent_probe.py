@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from radixkv.bench.agent_session import Target, TurnRecord, chat_turn
-from radixkv.bench.agent_tools import Count, filler
+from radixkv.bench.agent.agent_session import Target, TurnRecord, chat_turn
+from radixkv.bench.agent.agent_tools import Count, filler
 
 MESSAGE_TOKENS = 1024  # filler per history message
 TEMPLATE_SLACK = 8  # template tokens per message, at most, in the history estimate

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from radixkv.bench.workloads import BenchRequest
+from radixkv.bench.inputs.workloads import BenchRequest
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`radixkv bench tiers`: what the host (L2) and storage (L3) tiers buy, through the HTTP server.
 
-Multi-turn, shaped like SGLang's HiCache benchmark (radixkv.bench.multiturn): `--clients`
+Multi-turn, shaped like SGLang's HiCache benchmark (radixkv.bench.tiers.multiturn): `--clients`
 conversations x `--rounds` rounds, each round every client's whole history plus a new turn of
 `--turn-len` tokens, `--output-len` tokens out, `--concurrency` requests in flight, rounds in
 order (round r+1 starts when round r has answered). For each mode a real `radixkv serve` process
@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench import multiturn as mt
+from radixkv.bench.tiers import multiturn as mt
 
 # L1-all: a device pool that holds the whole working set, no tiers. What a perfect cache gives on
 # this machine and model (every earlier token cached, nothing loaded), so no tier can beat it: the
@@ -122,8 +122,8 @@ def _get(url: str, path: str) -> dict[str, Any]:
 
 
 def _send(url: str, model: str, prompts: list[list[int]], out_len: int, conc: int) -> Any:
-    from radixkv.bench.client import ClientOptions, run_requests
-    from radixkv.bench.workloads import BenchRequest
+    from radixkv.bench.inputs.workloads import BenchRequest
+    from radixkv.bench.serving.client import ClientOptions, run_requests
 
     reqs = [BenchRequest(i, p, out_len, f"c{i}") for i, p in enumerate(prompts)]
     opts = ClientOptions(base_url=url, model=model, concurrency=conc)
@@ -146,7 +146,7 @@ def run_mode(
 ) -> dict[str, Any]:
     """One server, every round; the rows, the summary and the server's final tier stats, or the
     error that stopped it."""
-    from radixkv.bench.server_proc import LocalServer
+    from radixkv.bench.serving.server_proc import LocalServer
 
     shape = shape_of(args)
     slots = mode_slots(mode, shape, args)
@@ -213,7 +213,7 @@ def _ttft(url: str, model: str, prompt: list[int]) -> dict[str, Any]:
 
 def restart_ttft(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """TTFT of a new request on a long prefix right after a restart, without and with L3."""
-    from radixkv.bench.server_proc import LocalServer
+    from radixkv.bench.serving.server_proc import LocalServer
 
     rng = random.Random(7 + args.seed)
     prefix = [rng.randrange(mt.ID_LO, mt.ID_HI) for _ in range(args.prefix_len)]
@@ -246,7 +246,7 @@ def _settle(url: str, timeout: float = 60.0) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from radixkv.bench.tiers_report import format_table, plot_rounds
+    from radixkv.bench.tiers.tiers_report import format_table, plot_rounds
 
     # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so every server started here is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

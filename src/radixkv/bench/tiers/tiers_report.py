@@ -1,4 +1,4 @@
-"""The table and the plot of `radixkv bench tiers` (radixkv.bench.tiers), from its results JSON,
+"""The table and the plot of `radixkv bench tiers` (radixkv.bench.tiers.cli), from its results JSON,
 so a saved run can be re-rendered: `format_table(json.load(f))`, `plot_rounds(doc, path)`."""
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # python -m radixkv.bench.tiers_report RESULTS.json [--markdown]
+if __name__ == "__main__":  # python -m radixkv.bench.tiers.tiers_report RESULTS.json [--markdown]
     import json
     import sys
     from pathlib import Path

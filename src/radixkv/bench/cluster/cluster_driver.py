@@ -1,7 +1,7 @@
 """Send a workload through a router to N replicas and find out which replica served each request.
 
-The client side is `radixkv.bench.client.send_request` (streamed /v1/completions, TTFT from the
-first text chunk, `usage.prompt_tokens_details.cached_tokens`). Each request carries a unique
+The client side is `radixkv.bench.serving.client.send_request` (streamed /v1/completions, TTFT from
+the first text chunk, `usage.prompt_tokens_details.cached_tokens`). Each request carries a unique
 `session_id` (a RadixKV extension that only keeps per-session statistics; routers pass unknown
 body fields through), so afterwards exactly one replica answers `GET /sessions/{id}`: that is the
 replica that served it. Each replica's `GET /cache/stats` before and after the run gives its own
@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from radixkv.bench.client import ClientOptions, RequestResult, send_request
-from radixkv.bench.workloads import BenchRequest
+from radixkv.bench.inputs.workloads import BenchRequest
+from radixkv.bench.serving.client import ClientOptions, RequestResult, send_request
 from radixkv.engine.tiers.prefetch import REASONS
 
 # Counters of /cache/stats whose difference over a run is a replica's load.

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench.tokens import TokenSource
+from radixkv.bench.inputs.tokens import TokenSource
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The `trace` workload: replay a public trace (via `radixkv.bench.traces`) against a server.
+"""The `trace` workload: replay a public trace (via `radixkv.bench.inputs.traces`) against a server.
 
 Scaling for small machines: with `length_scale = k`, a trace block of `block_size` tokens becomes
 `max(1, block_size // k)` tokens and every input length becomes `ceil(input_length / k)` (at
@@ -10,7 +10,7 @@ Arrival offsets are the trace's, relative to its first request, multiplied by `t
 `tools_len = n` puts one shared tool list of n tokens in front of every request, as an agent
 client sends its tools before the conversation (the Claude Code traces hash what follows the
 client's prefix; this restores a prefix every session shares): the tokens of generated function
-tools (`radixkv.bench.agent_tools`) when the token source has a tokenizer, else seeded ids.
+tools (`radixkv.bench.agent.agent_tools`) when the token source has a tokenizer, else seeded ids.
 
 Each block id maps to a deterministic run of tokens drawn from the token source's pool with a
 seeded 64-bit mix of (block id, position in block), so equal block ids give equal tokens and
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench.tokens import TokenSource
-from radixkv.bench.workloads import BenchRequest, Workload
+from radixkv.bench.inputs.tokens import TokenSource
+from radixkv.bench.inputs.workloads import BenchRequest, Workload
 
 _M64 = (1 << 64) - 1
 
@@ -63,8 +63,8 @@ def trace_workload(
     seed: int = 0,
 ) -> Workload:
     """Requests of `trace` in arrival order (see the module doc for scaling)."""
-    from radixkv.bench.trace_files import DEFAULT_WORKLOAD_TRACE, display_path, resolve_trace
-    from radixkv.bench.traces import load_trace
+    from radixkv.bench.inputs.trace_files import DEFAULT_WORKLOAD_TRACE, display_path, resolve_trace
+    from radixkv.bench.inputs.traces import load_trace
 
     path = resolve_trace(trace or DEFAULT_WORKLOAD_TRACE)  # FileNotFoundError names the options
     if length_scale < 1 or time_scale < 0:
@@ -116,7 +116,7 @@ def tool_prefix(tokens: TokenSource, n: int, seed: int) -> list[int]:
     if tokens.tokenizer is None:
         rng = np.random.default_rng([seed, 0x7001])
         return tokens.draw(rng, n)
-    from radixkv.bench.agent_tools import tool_list, tools_text
+    from radixkv.bench.agent.agent_tools import tool_list, tools_text
 
     def count(text: str) -> int:
         return len(tokens.encode(text))

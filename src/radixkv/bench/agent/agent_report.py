@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench.agent_session import TurnRecord
+from radixkv.bench.agent.agent_session import TurnRecord
 
 HIT_TARGET = 0.95  # every turn after the first serves >= 95% of its prompt from the cache
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench.client import RequestResult
+from radixkv.bench.serving.client import RequestResult
 
 
 def _stats(values: Sequence[float], pcts: Sequence[int]) -> dict[str, float | None]:

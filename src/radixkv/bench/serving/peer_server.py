@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from radixkv.bench.server_proc import ServerProcess
+from radixkv.bench.serving.server_proc import ServerProcess, home_relative
 
 
 def vllm_env(num_cores: int) -> dict[str, str]:
@@ -36,3 +36,23 @@ class PeerServer(ServerProcess):
     @property
     def command(self) -> list[str]:
         return [*self.base_cmd, "--host", "127.0.0.1", "--port", str(self.port)]
+
+
+def scrub(
+    text: str,
+    vllm_python: str,
+    sglang_python: str | None = None,
+    out_dir: str | None = None,
+    model_dir: str | None = None,
+) -> str:
+    """Reports carry no machine paths: the peers' interpreters become $VLLM_PYTHON and
+    $SGLANG_PYTHON, the output folder $OUT, a checkpoint given by path $MODEL_DIR (the
+    embedded model's lies under home, which becomes ~)."""
+    named = [(sglang_python, "$SGLANG_PYTHON"), (vllm_python, "$VLLM_PYTHON"), (out_dir, "$OUT")]
+    if model_dir and not model_dir.startswith(str(Path.home())):
+        named.append((model_dir, "$MODEL_DIR"))
+    # Longest first, so a path inside another is replaced by its own name.
+    for path, name in sorted(named, key=lambda pn: -len(pn[0] or "")):
+        if path:
+            text = text.replace(path, name)
+    return home_relative(text)

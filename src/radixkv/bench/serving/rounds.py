@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from radixkv.bench.client import RequestResult
-from radixkv.bench.metrics import summarize
+from radixkv.bench.serving.client import RequestResult
+from radixkv.bench.serving.metrics import summarize
 
 _RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestResult))
 # Per-round keys kept under the merged run's "rounds" list (the rest is shared by all rounds).

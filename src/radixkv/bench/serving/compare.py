@@ -5,8 +5,9 @@ Each configuration gets a fresh `python -m radixkv serve` on a free loopback por
 for on /health, stopped after its run), so no run inherits another's cache; an extra server has
 its prefix cache flushed after warm-up instead. Every run sees the same seeded workload
 (byte-identical prompts), the same warm-up and the same load shape. With `--rounds N` every column
-runs N times, each round in a rotated order (see `radixkv.bench.rounds`), and the table aggregates
-each column over its rounds, so drifting background load does not favour a fixed position.
+runs N times, each round in a rotated order (see `radixkv.bench.serving.rounds`), and the table
+aggregates each column over its rounds, so drifting background load does not favour a fixed
+position.
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench.compare_table import markdown_table
-from radixkv.bench.rounds import merge_rounds, order_lines, round_orders
-from radixkv.bench.serve import add_client_args, run_workload
-from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS, LocalServer, get_json
-from radixkv.bench.tokens import TokenSource
-from radixkv.bench.trace_files import display_command
-from radixkv.bench.workload_cli import (
+from radixkv.bench.inputs.tokens import TokenSource
+from radixkv.bench.inputs.trace_files import display_command
+from radixkv.bench.inputs.workload_cli import (
     add_workload_args,
     build_workload,
     token_source,
     workloads_help,
 )
-from radixkv.bench.workloads import Workload
+from radixkv.bench.inputs.workloads import Workload
+from radixkv.bench.serving.compare_table import markdown_table
+from radixkv.bench.serving.rounds import merge_rounds, order_lines, round_orders
+from radixkv.bench.serving.serve import add_client_args, run_workload
+from radixkv.bench.serving.server_proc import CONFIG_HELP, CONFIGS, LocalServer, get_json
 
 DEFAULT_CONFIGS = ("off", "radix", "radix-lpm", "radix-p16", "blockhash")
 

@@ -3,7 +3,8 @@
 Shape: `clients` conversations x `rounds` rounds. In round r every client sends its whole history
 (its r-1 earlier turns, each followed by that turn's answer) plus a new turn of `turn_len` tokens,
 and asks for `output_len` tokens. Answers inside histories are SYNTHETIC (seeded ids of the
-answer's length, as in radixkv.bench.workloads), so every configuration sees identical prompts.
+answer's length, as in radixkv.bench.inputs.workloads), so every configuration sees identical
+prompts.
 
 Accounting, per round: prompt tokens and cached tokens as the server reported them, and the
 IDEAL cached tokens: what an infinite cache would hit when the prompts arrive in round-major
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixkv.bench.client import RequestResult
+    from radixkv.bench.serving.client import RequestResult
 
 # Token ids drawn for synthetic turns: clear of the special/control ids at the bottom of every
 # vocabulary and inside the smallest vocabulary we serve.
@@ -90,7 +91,7 @@ def build_rounds(shape: Shape, seed: int = 0, vocab: int = ID_HI) -> list[list[l
 
 def ideal_per_round(rounds: Sequence[Sequence[Sequence[int]]]) -> list[int]:
     """Ideal cached tokens of each round (infinite cache, prompts in round-major order)."""
-    from radixkv.bench.workloads import ideal_hits
+    from radixkv.bench.inputs.workloads import ideal_hits
 
     flat = [p for prompts in rounds for p in prompts]
     hits = ideal_hits(flat)

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from radixkv.bench.cluster_driver import ClusterRun
-from radixkv.bench.cluster_sim import PageIds, SimResult, simulate, simulate_pool
-from radixkv.bench.metrics import _stats
+from radixkv.bench.cluster.cluster_driver import ClusterRun
+from radixkv.bench.cluster.cluster_sim import PageIds, SimResult, simulate, simulate_pool
+from radixkv.bench.serving.metrics import _stats
 
 # Configuration name → (router, policy, shared L3, host L2). `+l3` adds one Redis shared by every
 # replica; `+l2` gives every replica a host-RAM tier (`--enable-hierarchical-cache`, 2x its pool),
