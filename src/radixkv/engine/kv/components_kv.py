@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.components import Components, Freed, HybridMatch, HybridPrefixCache
+from radixkv.cache.hybrid.components import Components, Freed, HybridMatch, HybridPrefixCache
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import ModelPools, PoolSpec

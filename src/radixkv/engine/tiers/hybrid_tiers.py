@@ -6,7 +6,7 @@ the same chained page hashes (a value's component is its key suffix, "<hash>-swa
 Like `TierManager` (whose FULL side this is), the tiers are called and never call back: the KV
 manager's hybrid memory (`ComponentMemory`) reports what the tree adopted (`on_components_insert`)
 and what it frees (`on_evict`); `plan_load` votes over what L2 holds exactly as the tree's
-components vote (`radixkv.cache.tier_vote`) and returns a `HybridLoadPlan`; the KV manager
+components vote (`radixkv.cache.hybrid.tier_vote`) and returns a `HybridLoadPlan`; the KV manager
 allocates device memory of every component for it (`radixkv.engine.kv.hybrid_load`) and `load`
 copies the plan's values down.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.cache.tier_vote import deepest_boundary, tier_boundaries, window_pages_before
+from radixkv.cache.hybrid.tier_vote import deepest_boundary, tier_boundaries, window_pages_before
 from radixkv.cache.tiers import HostIndex
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.manager import MAX_PREFETCH_PAGES, LoadPlan, TierManager, _key
@@ -191,7 +191,7 @@ class HybridTierManager(TierManager):
 
     def plan_load(self, req: Request, length: int, l1_full: int = 0) -> HybridLoadPlan | None:
         """The deepest boundary past the L1 match of `length` tokens for which L1 and L2 hold
-        every component (the components' vote, `radixkv.cache.tier_vote`; the tree holds FULL
+        every component (the components' vote, `radixkv.cache.hybrid.tier_vote`; the tree holds FULL
         K/V up to `l1_full` tokens, before its votes), with its L2 values pinned; None when L2
         cannot extend the match."""
         ps = self.page_size

@@ -24,7 +24,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.components import Components, Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.components import Components, Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.state import StateComponent
+from radixkv.cache.hybrid.swa import SwaComponent
 from radixkv.cache.keys import (
     EMPTY_SLOTS,
     TOKEN_BYTES,
@@ -35,8 +37,6 @@ from radixkv.cache.keys import (
 )
 from radixkv.cache.node import Node, common_pages
 from radixkv.cache.policies import EvictionPolicy
-from radixkv.cache.state import StateComponent
-from radixkv.cache.swa import SwaComponent
 from radixkv.cache.tree import RadixTree
 
 _ALL = 1 << 62  # "no page-granular limit": a victim leaf goes whole

@@ -12,7 +12,7 @@ at a candidate boundary B (a page boundary on a cached path):
 
 `Components` says which of them a cache was built with. The plain full-attention cache
 (`RadixCache`) is the FULL-only case; every other combination is a `HybridCache`
-(`radixkv.cache.hybrid`), built on the same tree core.
+(`radixkv.cache.hybrid.cache`), built on the same tree core.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.components import TOMBSTONE
+from radixkv.cache.hybrid.components import TOMBSTONE
 from radixkv.cache.integrity import check_unique_slots
 from radixkv.cache.keys import concat_slots, frozen_copy
 from radixkv.cache.node import Node, is_lock_end
