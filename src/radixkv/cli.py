@@ -1,9 +1,9 @@
 """`radixkv` command line.
 
 serve | demo | generate | chat | replay | cluster up | bench {tree, engine, tiers, storage,
-eviction, serve, compare, grammar, peers, answers, cluster, agent}. (The maintainers' tools, e.g.
-the report that writes docs/benchmarks.md, are scripts outside the package:
-`python scripts/report.py`.)
+tierload, eviction, serve, compare, grammar, answers, cluster, agent}. (The maintainers' tools,
+e.g. the report that writes docs/benchmarks.md and the head-to-head against vLLM, are scripts
+outside the package, run from a checkout: `python scripts/report.py`, `python -m scripts.peers`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration

@@ -285,8 +285,8 @@ class _FakeEngineServer:
 def test_peers_json_and_table_carry_the_kernel_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A whole `bench peers` run on fake servers: our engines' kernel paths, fetched from their
-    servers' /config, land in the JSON beside the machine and in the table's header."""
+    """A whole `python -m scripts.peers` run on fake servers: our engines' kernel paths, fetched
+    from their servers' /config, land in the JSON beside the machine and in the table's header."""
     from scripts.peers import run as peers
 
     _fake_vllm(tmp_path, monkeypatch)

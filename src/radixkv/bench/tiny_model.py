@@ -8,7 +8,7 @@ not depend on them.
 - `tiny-32k` (`radixkv bench agent --model tiny-32k`): the same at 32,768 positions with Llama
   3's rope (theta 500,000, `llama3` scaling of factor 8 over 4,096 original positions): 32k-token
   sessions in seconds.
-- `1b` (`radixkv bench peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
+- `1b` (`python -m scripts.peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
   heads of 64, MLP 8,192, rope theta 500,000, tied embeddings) with the default tokenizer's
   49,152-token vocabulary; float32 on disk (about 4.3 GB) so that float32 and bfloat16 servers
   both load it exactly.
