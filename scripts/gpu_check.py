@@ -121,7 +121,7 @@ def engine_bench(model: str | None, device: str, dtype: str, compile_model: bool
 
 
 def serve_bench(model: str | None, device: str, dtype: str, compile_model: bool) -> dict:
-    from radixkv.bench.server_proc import LocalServer
+    from radixkv.bench.serving.server_proc import LocalServer
 
     flags = ["--device", device, "--dtype", dtype]
     flags.append("--compile" if compile_model else "--no-compile")

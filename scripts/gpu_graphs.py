@@ -66,7 +66,7 @@ CONTEXT = 1024
 def random_llama(shape: dict[str, Any], device: str, dtype: torch.dtype, backend: Any) -> Any:
     """A Llama-family CausalLM of `shape` with seeded random weights made on `device`."""
     from radixkv.model.config import LlamaConfig
-    from radixkv.model.llama import CausalLM
+    from radixkv.model.families.llama import CausalLM
 
     cfg = LlamaConfig.from_dict({"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, **shape})
     h, dim = cfg.hidden_size, cfg.head_dim

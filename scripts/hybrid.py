@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench import workloads as wl
 from radixkv.bench.engine_driver import drive
-from radixkv.bench.tokens import id_source
+from radixkv.bench.inputs import workloads as wl
+from radixkv.bench.inputs.tokens import id_source
 
 
 class _Sampler:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is None:
         raise SystemExit("--model DIR is required (see scripts/hybrid_ckpt.py)")
     if args.sizes:
-        from radixkv.model.embedded import resolve_model
+        from radixkv.model.checkpoints.embedded import resolve_model
         from radixkv.model.loader import load_config
 
         print(sizes_table(load_config(resolve_model(args.model)).pool_spec()))

@@ -85,8 +85,8 @@ def micro(page_size: int, reps: int = 2000) -> dict[str, float]:
     import msgpack
     import numpy as np
 
-    from radixkv.engine.kv_event_blocks import BlockLedger, encode_batch
-    from radixkv.engine.kv_events import BlockEventSink
+    from radixkv.engine.events.kv_event_blocks import BlockLedger, encode_batch
+    from radixkv.engine.events.kv_events import BlockEventSink
 
     class Sink:  # stands in for the publisher: keeps nothing
         def put(self, ops: list) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from radixkv.bench.server_proc import LocalServer
+from radixkv.bench.serving.server_proc import LocalServer
 from radixkv.bench.tiny_model import tiny_llama  # the seeded 2-layer Llama, built once
 
 OUT_TOKENS = 24

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from radixkv.bench.server_proc import LocalServer
+from radixkv.bench.serving.server_proc import LocalServer
 
 
 def _prompts(n: int, length: int, seed: int, vocab: int = 49152) -> list[list[int]]:

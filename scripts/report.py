@@ -19,12 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench.compare import add_compare_args, draw_ttft_cdf, run_compare, write_outputs
-from radixkv.bench.compare_table import BASELINE, markdown_table, rounds_table
-from radixkv.bench.rounds import order_lines
-from radixkv.bench.server_proc import CONFIG_HELP
-from radixkv.bench.trace_files import display_command
-from radixkv.bench.workload_cli import workloads_help
+from radixkv.bench.inputs.trace_files import display_command
+from radixkv.bench.inputs.workload_cli import workloads_help
+from radixkv.bench.serving.compare import (
+    add_compare_args,
+    draw_ttft_cdf,
+    run_compare,
+    write_outputs,
+)
+from radixkv.bench.serving.compare_table import BASELINE, markdown_table, rounds_table
+from radixkv.bench.serving.rounds import order_lines
+from radixkv.bench.serving.server_proc import CONFIG_HELP
 
 # CPU-sized defaults for the report's own run (shared-prefix: 8 groups × 4 prompts, 1024 + 64),
 # two rounds in rotated order so drifting background load does not favour one column.

@@ -2,7 +2,7 @@
 inside any room (a top-level folder of src/radixkv), room-to-room imports exactly those the table
 in docs/architecture.md allows (so the doc's diagram cannot drift from the code), the model room
 knows nothing of the engine, the host/storage tiers import neither the tree nor the KV manager,
-and no module is over 400 lines.
+no module is over 400 lines and no folder holds over 15 modules.
 
 An import counts when it can run: at module level or inside a function (a lazy import that
 breaks a circle at load time still makes one); imports under `if TYPE_CHECKING:` never run and do
@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "radixkv"
 DOC = ROOT / "docs" / "architecture.md"
 MAX_LINES = 400
+# Modules per folder: the *.py files directly in it, its __init__.py included (a sub-folder
+# counts in its own folder, not in its parent's).
+MAX_MODULES = 15
 
 
 def _modules() -> dict[str, Path]:
@@ -73,7 +76,7 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def room(module: str) -> str:
-    """The top-level folder of src/radixkv a module lives in (`radixkv.engine.kv_manager` →
+    """The top-level folder of src/radixkv a module lives in (`radixkv.engine.kv.kv_manager` →
     `engine`); the package's own top-level modules (`__init__`, `cli`, `__main__`) are the room
     `radixkv`."""
     parts = MODULES[module].relative_to(SRC).parts
@@ -140,20 +143,23 @@ def _reachable(start: str) -> set[str]:
 
 # The prefix trees and what holds or walks their nodes (the tiers may use the cache room's
 # slot-free helpers: keys, page hashes, HostIndex in cache/tiers.py, the policy names).
-TREE = {"radixkv.cache"} | {
-    f"radixkv.cache.{m}"
-    for m in ("tree", "radix", "hybrid", "node", "blockhash", "swa", "state", "components")
-}
+TREE = (
+    {"radixkv.cache"}
+    | {f"radixkv.cache.{m}" for m in ("tree", "radix", "node", "blockhash")}
+    | {f"radixkv.cache.hybrid.{m}" for m in ("cache", "swa", "state", "components")}
+)
 
 
 def test_the_tiers_import_neither_the_tree_nor_the_kv_manager() -> None:
-    """Not even through another module: the tiers return plans, the KV manager carries them out
-    (only it moves device slots and request locks)."""
-    for tiers in ("radixkv.engine.tiers", "radixkv.engine.storage_tier"):
-        reach = _reachable(tiers)
-        assert "radixkv.engine.tiers" in _reachable("radixkv.engine.kv_manager")
-        forbidden = reach & (TREE | {"radixkv.engine.kv_manager", "radixkv.engine.components_kv"})
-        assert not forbidden, f"{tiers} imports {sorted(forbidden)}"
+    """No module of engine/tiers/, not even through another module: the tiers return plans, the
+    KV manager carries them out (only it moves device slots and request locks)."""
+    tiers = sorted(m for m in MODULES if m.startswith("radixkv.engine.tiers."))
+    assert {"radixkv.engine.tiers.manager", "radixkv.engine.tiers.storage_tier"} <= set(tiers)
+    assert "radixkv.engine.tiers.manager" in _reachable("radixkv.engine.kv.kv_manager")
+    kv = {m for m in MODULES if m.startswith("radixkv.engine.kv.")}
+    for module in tiers:
+        forbidden = _reachable(module) & (TREE | kv)
+        assert not forbidden, f"{module} imports {sorted(forbidden)}"
 
 
 def _doc_table() -> dict[str, set[str]]:
@@ -199,3 +205,36 @@ def test_no_module_over_400_lines() -> None:
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, long
+
+
+def _doc_sub_rooms() -> set[str]:
+    """The folders the sub-rooms table of docs/architecture.md names (`engine/kv`)."""
+    text = DOC.read_text()
+    start = text.index("<!-- sub-rooms table -->")
+    end = text.index("<!-- end of sub-rooms table -->")
+    return {
+        re.findall(r"`([^`]+)`", line)[0].rstrip("/")
+        for line in text[start:end].splitlines()
+        if line.startswith("| `")
+    }
+
+
+def test_every_sub_room_is_in_the_architecture_doc() -> None:
+    """Each folder below a room is a row of the doc's sub-rooms table, and each row a folder."""
+    folders = {p.parent.relative_to(SRC) for p in MODULES.values()}
+    actual = {str(f.as_posix()) for f in folders if len(f.parts) > 1}
+    documented = _doc_sub_rooms()
+    assert actual - documented == set(), "sub-rooms missing from the doc's table"
+    assert documented - actual == set(), "the doc's table names folders that do not exist"
+
+
+def test_no_folder_over_15_modules() -> None:
+    """A room that grows past 15 modules splits into sub-rooms by meaning (docs/architecture.md
+    names them), not into halves by size."""
+    folders = {p.parent for p in MODULES.values()}
+    crowded = {
+        str(f.relative_to(SRC.parent)): n
+        for f in folders
+        if (n := len(list(f.glob("*.py")))) > MAX_MODULES
+    }
+    assert not crowded, crowded

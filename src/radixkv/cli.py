@@ -1,9 +1,9 @@
 """`radixkv` command line.
 
 serve | demo | generate | chat | replay | cluster up | bench {tree, engine, tiers, storage,
-eviction, serve, compare, grammar, peers, answers, cluster, agent}. (The maintainers' tools, e.g.
-the report that writes docs/benchmarks.md, are scripts outside the package:
-`python scripts/report.py`.)
+tierload, eviction, serve, compare, grammar, answers, cluster, agent}. (The maintainers' tools,
+e.g. the report that writes docs/benchmarks.md and the head-to-head against vLLM, are scripts
+outside the package, run from a checkout: `python scripts/report.py`, `python -m scripts.peers`.)
 
 Each subcommand lives next to the code it drives and exposes `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returning an exit code). Registration
@@ -25,17 +25,16 @@ _COMMANDS: tuple[tuple[str, bool], ...] = (
     ("radixkv.cluster.cli", False),  # cluster up
     ("radixkv.bench.tree", True),  # bench tree
     ("radixkv.bench.engine", True),  # bench engine
-    ("radixkv.bench.tiers", True),  # bench tiers
-    ("radixkv.bench.storage", True),  # bench storage
-    ("radixkv.bench.tier_load", True),  # bench tierload
+    ("radixkv.bench.tiers.cli", True),  # bench tiers
+    ("radixkv.bench.tiers.storage", True),  # bench storage
+    ("radixkv.bench.tiers.tier_load", True),  # bench tierload
     ("radixkv.bench.eviction", True),  # bench eviction
-    ("radixkv.bench.serve", True),  # bench serve
-    ("radixkv.bench.compare", True),  # bench compare
+    ("radixkv.bench.serving.serve", True),  # bench serve
+    ("radixkv.bench.serving.compare", True),  # bench compare
     ("radixkv.bench.grammar", True),  # bench grammar
-    ("radixkv.bench.peers", True),  # bench peers
-    ("radixkv.bench.answers", True),  # bench answers
-    ("radixkv.bench.cluster", True),  # bench cluster
-    ("radixkv.bench.agent", True),  # bench agent
+    ("radixkv.bench.serving.answers", True),  # bench answers
+    ("radixkv.bench.cluster.cli", True),  # bench cluster
+    ("radixkv.bench.agent.cli", True),  # bench agent
 )
 
 

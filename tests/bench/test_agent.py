@@ -12,11 +12,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from radixkv.bench import agent_report
-from radixkv.bench.agent_model import HERMES_CHATML, hermes_view, renders_tools
-from radixkv.bench.agent_session import AgentShape, Reply, TurnRecord, _follow_up, build_plan
-from radixkv.bench.agent_tools import filler, system_with_tools, tool_list, tools_text
-from radixkv.bench.tokens import load_tokenizer
+from radixkv.bench.agent import agent_report
+from radixkv.bench.agent.agent_model import HERMES_CHATML, hermes_view, renders_tools
+from radixkv.bench.agent.agent_session import AgentShape, Reply, TurnRecord, _follow_up, build_plan
+from radixkv.bench.agent.agent_tools import filler, system_with_tools, tool_list, tools_text
+from radixkv.bench.inputs.tokens import load_tokenizer
 
 
 @pytest.fixture(scope="module")

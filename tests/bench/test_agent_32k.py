@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from radixkv.bench.agent_probe import history
-from radixkv.bench.server_proc import LocalServer
+from radixkv.bench.agent.agent_probe import history
+from radixkv.bench.inputs.tokens import load_tokenizer
+from radixkv.bench.serving.server_proc import LocalServer
 from radixkv.bench.tiny_model import TINY_32K, seeded_llama
-from radixkv.bench.tokens import load_tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radixkv.bench.client import ClientOptions
-from radixkv.bench.cluster_driver import ClusterRun, drive
-from radixkv.bench.server_proc import LocalServer
-from radixkv.bench.tokens import id_source
-from radixkv.bench.workloads import shared_prefix
+from radixkv.bench.cluster.cluster_driver import ClusterRun, drive
+from radixkv.bench.inputs.tokens import id_source
+from radixkv.bench.inputs.workloads import shared_prefix
+from radixkv.bench.serving.client import ClientOptions
+from radixkv.bench.serving.server_proc import LocalServer
 
 FLAGS = ("--num-slots", "2048", "--page-size", "16", "--no-compile", "--threads", "1")
 FLAGS += ("--served-model-name", "tiny", "--log-level", "warning")

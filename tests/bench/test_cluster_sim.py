@@ -1,14 +1,14 @@
-"""The offline cluster simulator (`radixkv.bench.cluster_sim`) on small hand-computed cases, and
-its one-unbounded-pool result against the workloads' independent ideal-hit reference."""
+"""The offline cluster simulator (`radixkv.bench.cluster.cluster_sim`) on small hand-computed cases,
+and its one-unbounded-pool result against the workloads' independent ideal-hit reference."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from radixkv.bench.cluster_report import SimSetup, parse_config, simulate_all
-from radixkv.bench.cluster_sim import PageIds, PageLRU, simulate, simulate_pool
-from radixkv.bench.workloads import ideal_hits
+from radixkv.bench.cluster.cluster_report import SimSetup, parse_config, simulate_all
+from radixkv.bench.cluster.cluster_sim import PageIds, PageLRU, simulate, simulate_pool
+from radixkv.bench.inputs.workloads import ideal_hits
 
 A, B, C = [1, 2], [3, 4], [5, 6]
 

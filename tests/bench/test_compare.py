@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fake_openai_server import FakeServer
 
-from radixkv.bench import compare
-from radixkv.bench.client import RequestResult
-from radixkv.bench.compare_table import markdown_table, table_rows
-from radixkv.bench.metrics import summarize
+from radixkv.bench.serving import compare
+from radixkv.bench.serving.client import RequestResult
+from radixkv.bench.serving.compare_table import markdown_table, table_rows
+from radixkv.bench.serving.metrics import summarize
 from scripts import report
 from scripts.report import render
 

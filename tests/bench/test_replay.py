@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from radixkv.bench.inputs.traces import TraceRequest, load_claude_code, load_mooncake
 from radixkv.bench.replay import POLICIES, default_capacities, make_factory, replay, replay_grid
 from radixkv.bench.replay_cli import parse_tokens, register
-from radixkv.bench.traces import TraceRequest, load_claude_code, load_mooncake
 
 # The public traces ship with the repository (data/traces/README.md).
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from fake_openai_server import FakeServer
 
-from radixkv.bench import compare
-from radixkv.bench.client import RequestResult
-from radixkv.bench.metrics import summarize
-from radixkv.bench.rounds import merge_rounds, round_orders
-from radixkv.bench.server_proc import CONFIG_HELP, CONFIGS
+from radixkv.bench.serving import compare
+from radixkv.bench.serving.client import RequestResult
+from radixkv.bench.serving.metrics import summarize
+from radixkv.bench.serving.rounds import merge_rounds, round_orders
+from radixkv.bench.serving.server_proc import CONFIG_HELP, CONFIGS
 from scripts.report import render
 
 

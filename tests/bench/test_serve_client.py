@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from fake_openai_server import ERROR_MAX_TOKENS, FIRST_DELAY, TOKEN_DELAY, FakeServer
 
-from radixkv.bench import serve
-from radixkv.bench.client import ClientOptions, run_requests
-from radixkv.bench.metrics import format_summary, summarize
-from radixkv.bench.workloads import BenchRequest
+from radixkv.bench.inputs.workloads import BenchRequest
+from radixkv.bench.serving import serve
+from radixkv.bench.serving.client import ClientOptions, run_requests
+from radixkv.bench.serving.metrics import format_summary, summarize
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radixkv.bench import traces
-from radixkv.bench.replay_cli import register
-from radixkv.bench.tokens import TokenSource
-from radixkv.bench.trace_files import (
+from radixkv.bench.inputs import traces
+from radixkv.bench.inputs.tokens import TokenSource
+from radixkv.bench.inputs.trace_files import (
     NAMED_TRACES,
     REPO_ROOT,
     display_command,
@@ -23,10 +22,21 @@ from radixkv.bench.trace_files import (
     resolve_trace,
     traces_dir,
 )
-from radixkv.bench.traces import TraceRequest, load_trace
-from radixkv.bench.workload_trace import trace_workload
+from radixkv.bench.inputs.traces import TraceRequest, load_trace
+from radixkv.bench.inputs.workload_trace import trace_workload
+from radixkv.bench.replay_cli import register
 
 DATA = REPO_ROOT / "data" / "traces"
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def test_repo_root_is_the_checkout_the_package_runs_from() -> None:
+    """REPO_ROOT counts parents from its own module: moving the module must move the count."""
+    from radixkv.bench.inputs import trace_files
+
+    if not Path(trace_files.__file__).resolve().is_relative_to(CHECKOUT / "src"):
+        pytest.skip("radixkv is installed, not run from this checkout")
+    assert REPO_ROOT == CHECKOUT
 
 
 def _sums() -> dict[str, str]:

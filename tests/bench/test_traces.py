@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixkv.bench.traces import (
+from radixkv.bench.inputs.traces import (
     detect_format,
     load_claude_code,
     load_mooncake,

@@ -8,7 +8,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 
 
 class _Health(BaseHTTPRequestHandler):

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixkv.bench import workloads as wl
-from radixkv.bench.tokens import id_source, text_source
-from radixkv.bench.workload_trace import trace_workload
+from radixkv.bench.inputs import workloads as wl
+from radixkv.bench.inputs.tokens import id_source, text_source
+from radixkv.bench.inputs.workload_trace import trace_workload
 
 TOKENS = id_source(id_range=(1000, 30000))
 
@@ -223,7 +223,7 @@ def test_trace_replay_truncates_to_max_prompt_len(tmp_path: Path) -> None:
 def test_trace_replay_puts_a_shared_tool_list_in_front(
     tmp_path: Path, default_model_dir: Path
 ) -> None:
-    from radixkv.bench.tokens import id_source, load_tokenizer
+    from radixkv.bench.inputs.tokens import id_source, load_tokenizer
 
     path = tmp_path / "t.jsonl"
     _write_mooncake(path)

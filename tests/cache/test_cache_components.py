@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cache import HybridCache, RadixCache
-from radixkv.cache.components import Components
+from radixkv.cache.hybrid.components import Components
 from radixkv.cache.keys import TOKEN_BYTES
 
 COMBOS = [

@@ -246,6 +246,29 @@ def test_registry_does_not_depend_on_import_order(first: str) -> None:
     assert out.stdout.strip() == str(PUBLIC_NAMES)
 
 
+def test_research_policies_load_only_when_named() -> None:
+    """Importing the cache, the scheduler or the engine loads nothing of `policies/research/`
+    (the regret window's type is only the type checker's); naming a research policy loads its
+    module, and only that one."""
+    research = "radixkv.cache.policies.research"
+    code = (
+        "import sys\n"
+        "import radixkv.cache, radixkv.engine.scheduler, radixkv.engine.stats\n"
+        "import radixkv.engine.setup, radixkv.engine.engine\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({research!r})))\n"
+        "from radixkv.cache import RadixCache\n"
+        "RadixCache(policy='s3fifo')\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({research!r})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.strip().splitlines()
+    assert before == "[]"
+    assert after == str([research, f"{research}.segmented"])
+
+
 @pytest.mark.parametrize("policy", ["lru", "mru"])
 def test_stale_heap_entries_stay_bounded(policy: str) -> None:
     """Lock/unlock churn (and, for mru, every hit) leaves stale heap entries; compaction keeps

@@ -14,10 +14,10 @@ import torch
 from engine_helpers import run_checked
 
 from radixkv.engine.engine import Engine
-from radixkv.engine.no_components import NoComponents
+from radixkv.engine.kv.no_components import NoComponents
 from radixkv.engine.types import SamplingParams
 
-pytest.importorskip("radixkv.model.qwen3_5")
+pytest.importorskip("radixkv.model.families.qwen3_5")
 
 ARCHS = ("gemma3", "qwen3_5", "lfm2", "mistral")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixkv.bench.grammar import SCHEMAS, bench_schema, format_table
-from radixkv.engine.grammar import GrammarCompiler
+from radixkv.engine.sampling.grammar import GrammarCompiler
 from radixkv.engine.types import RequestError
 from radixkv.model.tokenizer import Tokenizer
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from radixkv.engine.logits import apply_processors, next_tokens
-from radixkv.engine.sampler import make_generator
+from radixkv.engine.sampling.logits import apply_processors, next_tokens
+from radixkv.engine.sampling.sampler import make_generator
 from radixkv.engine.types import SamplingParams
 
 V = 50

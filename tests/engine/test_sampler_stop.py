@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from radixkv.engine.sampler import make_generator, sample, sample_one
-from radixkv.engine.stop import TextStream
+from radixkv.engine.sampling.sampler import make_generator, sample, sample_one
+from radixkv.engine.sampling.stop import TextStream
 from radixkv.engine.types import SamplingParams
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from radixkv.config import CacheConfig
 from radixkv.config.kv_events import KVEventsConfig, parse_kv_events_config
-from radixkv.engine.kv_event_publisher import bind_or_connect
+from radixkv.engine.events.kv_event_publisher import bind_or_connect
 
 
 def test_defaults_are_vllms() -> None:

@@ -352,7 +352,7 @@ def test_topic_replay_layout_and_seq_from_zero() -> None:
 
 
 def test_events_off_by_default_and_bad_config_fails_start() -> None:
-    from radixkv.engine.kv_events import NULL_SINK
+    from radixkv.engine.events.kv_events import NULL_SINK
 
     assert make_engine().kv.events is NULL_SINK
     assert make_engine(kv_events_config='{"enable_kv_cache_events": false}').kv.events is NULL_SINK

@@ -23,7 +23,7 @@ import openai
 import pytest
 from kv_subscriber import Subscriber, free_port
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 
 MODEL = "tiny-llama"
 BS = 16

@@ -15,7 +15,7 @@ from pathlib import Path
 from test_kv_events_engine import events_engine, run, sync, workload
 
 from radixkv.cache.tiers import chain_hashes, namespace_seed
-from radixkv.engine.kv_event_blocks import external_id
+from radixkv.engine.events.kv_event_blocks import external_id
 
 
 def _check_medium(sub: object, medium: str, want: set[bytes], fingerprint: str) -> int:

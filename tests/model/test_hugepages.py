@@ -12,7 +12,7 @@ import torch
 
 from radixkv.memory import hugepages
 from radixkv.memory.pool import KVPool, KVPoolConfig
-from radixkv.model.linear import PackedLinear
+from radixkv.model.nn.linear import PackedLinear
 
 BIG = (3 << 20) // 4 + 5  # f32 elements: a bit over 3 MiB, not a multiple of a page
 

@@ -22,7 +22,7 @@ import torch
 
 from radixkv.model import LoadedModel, load_model
 from radixkv.model.hybrid_simple import Seq, Session
-from radixkv.model.linear import PackedLinear
+from radixkv.model.nn.linear import PackedLinear
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from radixkv.memory.pool import KVPool
 from radixkv.model import UnsupportedArchitectureError, load_model
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.config import LlamaConfig
-from radixkv.model.deltanet import chunked, prepare_qk, recurrent_step
-from radixkv.model.hybrid import kind_indices, layer_kinds
+from radixkv.model.families.deltanet import chunked, prepare_qk, recurrent_step
+from radixkv.model.families.hybrid import kind_indices, layer_kinds
 from radixkv.model.registry import load_config
 
 
@@ -150,8 +150,8 @@ def test_deltanet_chunked_equals_recurrent() -> None:
 
 def test_qwen3_next_layout(tiny_model_dir: Callable[..., Path]) -> None:
     """MoE on the sparse grid except mlp_only_layers; fused DeltaNet projections all consumed."""
-    from radixkv.model.blocks import GatedMLP
-    from radixkv.model.qwen3_next import SparseMoE
+    from radixkv.model.families.qwen3_next import SparseMoE
+    from radixkv.model.nn.blocks import GatedMLP
 
     lm = load_model(tiny_model_dir("qwen3_next"))  # raises if a checkpoint tensor went unused
     mlps = [type(layer.mlp) for layer in lm.model.layers]

@@ -1,4 +1,4 @@
-"""The compiled model path (torch.compile of the layer stack, radixkv.model.compiled) against
+"""The compiled model path (torch.compile of the layer stack, radixkv.model.nn.compiled) against
 transformers in float32 and against our eager path: prefill, chunked prefill, ragged and mixed
 batches, and batched decode, with scattered slots. Compiling takes tens of seconds on a small
 CPU, hence `slow`; one compiled model is shared by the whole module."""

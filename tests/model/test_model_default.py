@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixkv.model import load_model
-from radixkv.model.default import (
+from radixkv.model.checkpoints.default import (
     MARKER,
     MODEL_NAME,
     convert_gguf,
@@ -54,7 +54,7 @@ def test_default_path_is_cached_and_complete(default_model_dir: Path) -> None:
 
 
 def test_cache_dir_env_var(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from radixkv.model.default import cache_root
+    from radixkv.model.checkpoints.default import cache_root
 
     monkeypatch.setenv("RADIXKV_CACHE_DIR", str(tmp_path))
     assert cache_root() == tmp_path

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from radixkv.model import embedded, gemma3_gguf
-from radixkv.model.embedded import EMBEDDED_MODELS, is_short_name, resolve_model
+from radixkv.model.checkpoints import embedded, gemma3_gguf
+from radixkv.model.checkpoints.embedded import EMBEDDED_MODELS, is_short_name, resolve_model
 
 
 def test_paths_pass_through_and_none_is_the_default(default_model_dir: Path) -> None:

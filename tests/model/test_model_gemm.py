@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from gemm_paths import each_path
 
-from radixkv.model import linear
-from radixkv.model.linear import PackedLinear
+from radixkv.model.nn import linear
+from radixkv.model.nn.linear import PackedLinear
 
 
 def _kernels(dtype: torch.dtype) -> Any:
@@ -146,7 +146,7 @@ def test_fused_gate_up_gives_the_bits_of_product_then_silu_mul(m: int, with_bias
     """On AMX the gate/up product applies silu_mul in its epilogue: its bits must equal the plain
     product followed by the silu_mul op (the unfused path, and every path without AMX), for any
     row count (ragged tails, several row panels) and with a bias."""
-    from radixkv.model.layers import silu_mul
+    from radixkv.model.nn.layers import silu_mul
 
     g = torch.Generator().manual_seed(m)
     n2, k = 2 * 96, 576

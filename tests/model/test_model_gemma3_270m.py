@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from radixkv.model.gemma3_gguf import INSTALL_HINT, hf_name, package_installed
-from radixkv.model.gguf_convert import MARKER
+from radixkv.model.checkpoints.gemma3_gguf import INSTALL_HINT, hf_name, package_installed
+from radixkv.model.checkpoints.gguf_convert import MARKER
 
 pytestmark = pytest.mark.skipif(
     not package_installed(),
@@ -28,7 +28,7 @@ WINDOW = 512
 
 @pytest.fixture(scope="module")
 def gemma_dir() -> Path:
-    from radixkv.model.embedded import resolve_model
+    from radixkv.model.checkpoints.embedded import resolve_model
 
     return resolve_model("gemma3-270m")
 
@@ -43,7 +43,7 @@ def test_tensor_names() -> None:
 
 
 def test_short_name_converts_once_with_gemma3_metadata(gemma_dir: Path) -> None:
-    from radixkv.model.embedded import resolve_model
+    from radixkv.model.checkpoints.embedded import resolve_model
     from radixkv.model.loader import load_config
 
     marker = gemma_dir / MARKER
@@ -95,7 +95,7 @@ def test_weights_equal_transformers_gguf_loader(gemma_dir: Path, tmp_path: Path)
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from radixkv.model.gemma3_gguf import assemble_gguf
+    from radixkv.model.checkpoints.gemma3_gguf import assemble_gguf
 
     gguf = assemble_gguf(tmp_path)
     with torch.device("meta"):

@@ -1,4 +1,4 @@
-"""The decoder stack as one C++ call (radixkv.model.native_stack) against the eager layers: the
+"""The decoder stack as one C++ call (radixkv.model.nn.native_stack) against the eager layers: the
 same logits, bit for bit, in float32 and bfloat16, for every Llama-family variant it serves
 (plain, Q/K/V biases, per-head Q/K norms, sliding windows), through prefill, chunked prefill,
 mixed prefill + decode batches and batched decode, with scattered slots. And the cases it must
@@ -17,8 +17,8 @@ from test_model_exactness import Req, Slots, step, tokens
 
 from radixkv.memory.pool import KVPool
 from radixkv.model import load_model
-from radixkv.model.llama import CausalLM
-from radixkv.model.native_stack import NativeStack
+from radixkv.model.families.llama import CausalLM
+from radixkv.model.nn.native_stack import NativeStack
 
 
 def _native_or_skip(lm: object) -> NativeStack:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixkv.model.state_layers import StateRun, conv_extend, conv_runs, read_state
+from radixkv.model.families.state_layers import StateRun, conv_extend, conv_runs, read_state
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

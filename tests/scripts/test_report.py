@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from radixkv.bench import compare
-from radixkv.bench.client import RequestResult
-from radixkv.bench.metrics import summarize
+from radixkv.bench.serving import compare
+from radixkv.bench.serving.client import RequestResult
+from radixkv.bench.serving.metrics import summarize
 from radixkv.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]

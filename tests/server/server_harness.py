@@ -11,8 +11,8 @@ from typing import Any
 from server_fakes import FakeEngine
 
 from radixkv.server.background import BackgroundServer
-from radixkv.server.engine_proc import ProcessEngine
-from radixkv.server.launch import close_server_engine
+from radixkv.server.engine_link.engine_proc import ProcessEngine
+from radixkv.server.engine_link.launch import close_server_engine
 
 LiveServer = BackgroundServer
 MODES = ("thread", "process")

@@ -15,7 +15,7 @@ from server_harness import live_server
 
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine
-from radixkv.server.prompts import load_chat_template
+from radixkv.server.openai.prompts import load_chat_template
 
 HERMES = (
     "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 from radixkv.cli import build_parser, main
 
 TURN = re.compile(r"\[turn (\d+): prompt (\d+) tokens, cached (\d+) \(\d+%\), generated (\d+),")

@@ -17,8 +17,8 @@ import pytest
 import torch
 from test_cli import _free_port
 
-from radixkv.bench.server_proc import wait_healthy
-from radixkv.model.gemma3_gguf import INSTALL_HINT, package_installed
+from radixkv.bench.serving.server_proc import wait_healthy
+from radixkv.model.checkpoints.gemma3_gguf import INSTALL_HINT, package_installed
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,7 +63,7 @@ def _client(url: str) -> openai.OpenAI:
 def test_chat_completion_equals_transformers(url: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from radixkv.model.embedded import resolve_model
+    from radixkv.model.checkpoints.embedded import resolve_model
     from radixkv.model.tokenizer import Tokenizer
 
     messages: list[Any] = [{"role": "user", "content": "Name the capital of France."}]

@@ -23,10 +23,10 @@ from server_harness import LiveServer, live_server
 from test_cli import SMALL, _free_port
 from test_ipc import _running
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import EngineConfig
-from radixkv.server.engine_proc import ProcessEngine
+from radixkv.server.engine_link.engine_proc import ProcessEngine
 
 MODEL = "tiny-llama"
 GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 8}

@@ -30,9 +30,9 @@ from radixkv.engine.types import (
     SamplingParams,
     StreamDelta,
 )
-from radixkv.server.async_engine import AsyncEngine
-from radixkv.server.engine_client import EngineClient
-from radixkv.server.engine_proc import EngineStartError, ProcessEngine
+from radixkv.server.engine_link.async_engine import AsyncEngine
+from radixkv.server.engine_link.engine_client import EngineClient
+from radixkv.server.engine_link.engine_proc import EngineStartError, ProcessEngine
 
 T = TypeVar("T")
 NO_OPTIONS = RequestOptions()
@@ -157,7 +157,7 @@ PARENT = textwrap.dedent(
     """
     import functools, sys, time
     from server_fakes import FakeEngine
-    from radixkv.server.engine_proc import ProcessEngine
+    from radixkv.server.engine_link.engine_proc import ProcessEngine
     engine = ProcessEngine(functools.partial(FakeEngine)).launch()
     print(engine.pid, flush=True)
     time.sleep(600)
@@ -231,7 +231,7 @@ class _SlowPrefill(FakeEngine):
 
 def test_core_one_message_per_step_in_order() -> None:
     """EngineCore without a transport: what each message holds, and in which order."""
-    from radixkv.server.engine_core import (
+    from radixkv.server.engine_link.engine_core import (
         BURST_GAP_S,
         AbortCmd,
         AddCmd,
@@ -277,7 +277,7 @@ def test_core_one_message_per_step_in_order() -> None:
 def test_idle_engine_takes_a_burst_before_its_first_step() -> None:
     """Requests arriving one by one right behind the one that woke an idle engine all join its
     first step (one prefill batch); a busy engine never waits for more."""
-    from radixkv.server.engine_core import AddCmd, EngineCore, Outputs, StopCmd
+    from radixkv.server.engine_link.engine_core import AddCmd, EngineCore, Outputs, StopCmd
 
     def add(rid: str) -> AddCmd:
         return AddCmd(rid, [5, 6, 7], SamplingParams(max_tokens=2), NO_OPTIONS)
@@ -304,7 +304,7 @@ def test_engine_process_keeps_freed_memory(monkeypatch: pytest.MonkeyPatch) -> N
     """The engine process tunes glibc's malloc (applied on glibc, off with the variable)."""
     import platform
 
-    from radixkv.server.engine_proc_main import keep_freed_memory
+    from radixkv.server.engine_link.engine_proc_main import keep_freed_memory
 
     if platform.libc_ver()[0] == "glibc":
         assert keep_freed_memory() is True

@@ -13,7 +13,7 @@ import pytest
 import torch
 from server_harness import LiveServer, live_server
 
-from radixkv.bench import answers
+from radixkv.bench.serving import answers
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import EngineConfig
 

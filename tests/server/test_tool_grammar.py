@@ -18,13 +18,13 @@ import pytest
 from server_harness import live_server
 from tokenizers import Tokenizer
 
-import radixkv.server.prompts as prompts_module
+import radixkv.server.openai.prompts as prompts_module
 from radixkv.engine.engine import Engine
-from radixkv.engine.grammar import GrammarCompiler
+from radixkv.engine.sampling.grammar import GrammarCompiler
 from radixkv.engine.types import EngineConfig
-from radixkv.server.engine_proc import ProcessEngine
-from radixkv.server.launch import close_server_engine
-from radixkv.server.tools import ToolSpec, auto_grammar
+from radixkv.server.engine_link.engine_proc import ProcessEngine
+from radixkv.server.engine_link.launch import close_server_engine
+from radixkv.server.tool_calling.tools import ToolSpec, auto_grammar
 
 WEATHER = {
     "type": "object",

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.config.sections import TOOL_CALL_PARSERS
-from radixkv.server.tool_parsers import (
+from radixkv.server.tool_calling.tool_parsers import (
     PARSERS,
     HermesParser,
     Llama3JsonParser,
@@ -23,7 +23,7 @@ from radixkv.server.tool_parsers import (
     ToolParser,
     parser_for_template,
 )
-from radixkv.server.tool_stream import ToolCallStream
+from radixkv.server.tool_calling.tool_stream import ToolCallStream
 
 WEATHER = {"city": "Paris", "unit": "celsius", "days": 3, "hourly": False, "note": None}
 # (parser, output text, expected content, expected [(name, arguments)])

@@ -8,8 +8,8 @@ import pytest
 from server_fakes import FakeEngine
 
 from radixkv.engine.types import RequestError, RequestOptions, SamplingParams, StreamDelta
-from radixkv.server.async_engine import AsyncEngine
-from radixkv.server.protocol import APIError, CompletionRequest, parse_body
+from radixkv.server.engine_link.async_engine import AsyncEngine
+from radixkv.server.openai.protocol import APIError, CompletionRequest, parse_body
 from radixkv.server.sessions import SessionTracker
 
 

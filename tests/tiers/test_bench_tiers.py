@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from radixkv.bench import multiturn as mt
-from radixkv.bench.client import RequestResult
-from radixkv.bench.tiers import MODES, l1_slots, mode_flags, mode_slots
+from radixkv.bench.serving.client import RequestResult
+from radixkv.bench.tiers import multiturn as mt
+from radixkv.bench.tiers.cli import MODES, l1_slots, mode_flags, mode_slots
 from radixkv.cli import build_parser, main
 
 

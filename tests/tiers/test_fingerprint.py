@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixkv.engine.tier_setup import model_fingerprint
+from radixkv.engine.tiers.tier_setup import model_fingerprint
 from radixkv.model import load_model
 
 _SNIPPET = (
     "import sys, torch; from radixkv.model import load_model; "
-    "from radixkv.engine.tier_setup import model_fingerprint; "
+    "from radixkv.engine.tiers.tier_setup import model_fingerprint; "
     "print(model_fingerprint(load_model(sys.argv[1], 'cpu', torch.float32), torch.float32))"
 )
 

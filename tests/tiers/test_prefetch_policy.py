@@ -1,5 +1,5 @@
-"""The prefetch policies' cost model (radixkv.engine.prefetch), unit-tested without storage or a
-model: a slow backend is recomputed, a fast one is waited for, an unhealthy one is not, and the
+"""The prefetch policies' cost model (radixkv.engine.tiers.prefetch), unit-tested without storage or
+a model: a slow backend is recomputed, a fast one is waited for, an unhealthy one is not, and the
 SGLang policies keep their meaning. Then the decision through an engine (toy model, file L3): a
 slow or failing backend is not waited for, and the counts show in the tier stats and /metrics."""
 
@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tier_helpers import LM, SlowBackend, reference, run_one_by_one, tier_engine
 
 from radixkv.engine.engine import Engine
-from radixkv.engine.prefetch import WAIT_COMPLETE_CAP_S, PrefetchPolicy, RunningLine
+from radixkv.engine.tiers.prefetch import WAIT_COMPLETE_CAP_S, PrefetchPolicy, RunningLine
 from radixkv.engine.types import EngineMetrics, SamplingParams
 from radixkv.server.metrics import ServerMetrics
 

@@ -18,10 +18,10 @@ import torch
 from engine_helpers import GREEDY
 from tier_helpers import SlowBackend, prompts, reference, run_one_by_one, tier_engine
 
-import radixkv.engine.storage_tier as storage_tier_mod
-import radixkv.engine.tiers as tiers_mod
-from radixkv.engine.tier_setup import NoTiers
-from radixkv.engine.tiers import TierManager
+import radixkv.engine.tiers.manager as tiers_mod
+import radixkv.engine.tiers.storage_tier as storage_tier_mod
+from radixkv.engine.tiers.manager import TierManager
+from radixkv.engine.tiers.tier_setup import NoTiers
 from radixkv.memory.pool import KVPool, KVPoolConfig
 
 PS = 4
@@ -114,7 +114,7 @@ def test_tiers_import_neither_the_tree_nor_the_kv_manager(module: ModuleType) ->
             imported.add(node.module)
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
-    banned = ("radixkv.engine.kv_manager", "radixkv.cache.radix", "radixkv.cache.hybrid")
+    banned = ("radixkv.engine.kv.kv_manager", "radixkv.cache.radix", "radixkv.cache.hybrid.cache")
     assert not [m for m in imported if m.startswith(banned)], imported
     assert not [m for m in imported if m == "radixkv.cache" or m == "radixkv.cache.base"]
 

@@ -16,7 +16,7 @@ import pytest
 from engine_helpers import make_engine, run_checked
 from engine_toy_hybrid import ToyHybridConfig, ToyHybridLM, reference_greedy_hybrid
 
-from radixkv.cache.tier_vote import deepest_boundary, tier_boundaries
+from radixkv.cache.hybrid.tier_vote import deepest_boundary, tier_boundaries
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 

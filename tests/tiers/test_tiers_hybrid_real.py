@@ -18,7 +18,7 @@ from engine_helpers import run_checked
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 
-pytest.importorskip("radixkv.model.qwen3_5")
+pytest.importorskip("radixkv.model.families.qwen3_5")
 
 # The component each family keeps beside its FULL pages (the suffix of its storage keys).
 FAMILIES = {"gemma3": "-swa", "qwen3_5": "-state", "lfm2": "-state"}

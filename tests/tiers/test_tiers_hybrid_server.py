@@ -16,11 +16,11 @@ import openai
 import pytest
 import torch
 
-from radixkv.bench.server_proc import wait_healthy
+from radixkv.bench.serving.server_proc import wait_healthy
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 
-pytest.importorskip("radixkv.model.gemma3")
+pytest.importorskip("radixkv.model.families.gemma3")
 
 
 def _free_port() -> int:

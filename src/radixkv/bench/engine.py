@@ -66,8 +66,8 @@ def register(subparsers: Any) -> None:
 
 
 def _workloads(args: argparse.Namespace, vocab: int) -> list[Any]:
-    from radixkv.bench import workloads as wl
-    from radixkv.bench.tokens import id_source
+    from radixkv.bench.inputs import workloads as wl
+    from radixkv.bench.inputs.tokens import id_source
 
     lo = min(1000, vocab // 4)
     tokens = id_source(None, (lo, min(30000, vocab)))

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.bench.workloads import BenchRequest
+from radixkv.bench.inputs.workloads import BenchRequest
 from radixkv.engine.types import RequestOptions, SamplingParams
 
 

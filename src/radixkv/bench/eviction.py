@@ -1,8 +1,8 @@
 """`radixkv bench eviction`: eviction policies through the real engine on a trace, small pool.
 
 A public trace (Claude Code or Mooncake) is scaled down (`--length-scale`, see
-`radixkv.bench.workload_trace`) and replayed request by request, in arrival order, through the
-in-process engine with a constrained KV pool (`--num-slots`), once per eviction policy. Each
+`radixkv.bench.inputs.workload_trace`) and replayed request by request, in arrival order, through
+the in-process engine with a constrained KV pool (`--num-slots`), once per eviction policy. Each
 request carries its trace session as `session_id`, and a session is closed after its last
 request (what session-aware policies use). Per policy: token hit rate, mean and p50/p90 TTFT,
 and the live-regret report (Belady over the same requests at the pool's capacity).
@@ -43,8 +43,8 @@ def register(subparsers: Any) -> None:
 
 def _requests(args: argparse.Namespace, vocab: int) -> list[tuple[list[int], int, str]]:
     """(prompt ids, max tokens, session) per request, in arrival order."""
-    from radixkv.bench.tokens import id_source
-    from radixkv.bench.workload_trace import trace_workload
+    from radixkv.bench.inputs.tokens import id_source
+    from radixkv.bench.inputs.workload_trace import trace_workload
 
     wl = trace_workload(
         id_source(id_range=(0, vocab)),

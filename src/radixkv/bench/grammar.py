@@ -1,5 +1,5 @@
 """`radixkv bench grammar` / `python -m radixkv.bench.grammar`: what structured output costs per
-decode step, measured on the engine's own path (radixkv.engine.grammar).
+decode step, measured on the engine's own path (radixkv.engine.sampling.grammar).
 
 For each schema, a valid compact JSON instance is tokenized with the model's tokenizer and walked
 token by token through a matcher: per step, the llguidance mask (`mask`), unpacking it and
@@ -77,7 +77,7 @@ def _us(xs: list[float]) -> dict[str, float]:
 def bench_schema(compiler: Any, tokenizer: Any, schema: dict[str, Any], instance: Any) -> dict:
     import torch
 
-    from radixkv.engine.sampler import make_generator
+    from radixkv.engine.sampling.sampler import make_generator
 
     text = json.dumps(schema)
     t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def format_table(results: dict[str, dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from radixkv.engine.grammar import GrammarCompiler
+    from radixkv.engine.sampling.grammar import GrammarCompiler
     from radixkv.model import default_model_path
     from radixkv.model.tokenizer import Tokenizer
 

@@ -66,9 +66,9 @@ def trace_hit_vs_capacity(
 ) -> dict[str, Any]:
     """Offline replay of the trace (metadata only, `radixkv.bench.replay`) at several capacities
     per cache design, plotted as hit rate vs capacity; returns the replay reports as JSON."""
+    from radixkv.bench.inputs.trace_files import display_path, resolve_trace
+    from radixkv.bench.inputs.traces import load_trace
     from radixkv.bench.replay import replay_grid
-    from radixkv.bench.trace_files import display_path, resolve_trace
-    from radixkv.bench.traces import load_trace
 
     resolved = resolve_trace(trace)
     trace = display_path(resolved)

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from radixkv.bench.traces import TraceRequest, trace_summary
+from radixkv.bench.inputs.traces import TraceRequest, trace_summary
 from radixkv.cache import available_policies
 from radixkv.cache.base import PrefixCache
 from radixkv.cache.policies.research.belady import belady

@@ -12,6 +12,14 @@ import time
 from pathlib import Path
 
 from radixkv.bench import replay as replay_lib
+from radixkv.bench.inputs.trace_files import (
+    DEFAULT_REPLAY_TRACE,
+    NAMED_TRACES,
+    display_args,
+    display_path,
+    resolve_trace,
+)
+from radixkv.bench.inputs.traces import DEFAULT_SESSION_GAP_S, load_trace
 from radixkv.bench.replay import (
     DEFAULT_CAPACITY_FRACTIONS,
     DEFAULT_POLICIES,
@@ -22,14 +30,6 @@ from radixkv.bench.replay import (
     fmt_tokens,
     replay_grid,
 )
-from radixkv.bench.trace_files import (
-    DEFAULT_REPLAY_TRACE,
-    NAMED_TRACES,
-    display_args,
-    display_path,
-    resolve_trace,
-)
-from radixkv.bench.traces import DEFAULT_SESSION_GAP_S, load_trace
 
 
 def parse_tokens(text: str) -> int:

@@ -8,7 +8,7 @@ not depend on them.
 - `tiny-32k` (`radixkv bench agent --model tiny-32k`): the same at 32,768 positions with Llama
   3's rope (theta 500,000, `llama3` scaling of factor 8 over 4,096 original positions): 32k-token
   sessions in seconds.
-- `1b` (`radixkv bench peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
+- `1b` (`python -m scripts.peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
   heads of 64, MLP 8,192, rope theta 500,000, tied embeddings) with the default tokenizer's
   49,152-token vocabulary; float32 on disk (about 4.3 GB) so that float32 and bfloat16 servers
   both load it exactly.
@@ -97,7 +97,7 @@ MODELS: dict[str, SeededLlama] = {TINY_NAME: TINY, TINY_32K_NAME: TINY_32K, ONE_
 def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -> Path:
     """The checkpoint's directory, built on first use (later calls reuse it, whatever the
     overrides: they are for tests that build a small variant of a shape in their own `out`)."""
-    from radixkv.model.gguf_convert import cache_root
+    from radixkv.model.checkpoints.gguf_convert import cache_root
 
     out = out or cache_root() / spec.dir_name
     if (out / "config.json").exists():

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from radixkv.cache.base import CacheStats, InsertResult, MatchResult, PrefixCache, PrefixIndex
 from radixkv.cache.blockhash import BlockHashCache
-from radixkv.cache.components import Components, HybridMatch, HybridPrefixCache
-from radixkv.cache.hybrid import HybridCache
+from radixkv.cache.hybrid.cache import HybridCache
+from radixkv.cache.hybrid.components import Components, HybridMatch, HybridPrefixCache
 from radixkv.cache.policies import EvictionPolicy, available_policies, make_policy, register_policy
 from radixkv.cache.radix import RadixCache
 

@@ -76,8 +76,8 @@ class Node:
         self.priority = 0
         self.entry: Entry | None = None  # live leaf-queue entry iff an evictable leaf
         self.alive = True  # False once evicted or dropped by reset: its handle is stale
-        # Hybrid components (radixkv.cache.hybrid): SWA slot per token (-1 = tombstone) and the
-        # STATE checkpoint valid at this node's end (-1 = none). Unused by the plain cache.
+        # Hybrid components (radixkv.cache.hybrid.cache): SWA slot per token (-1 = tombstone) and
+        # the STATE checkpoint valid at this node's end (-1 = none). Unused by the plain cache.
         self.swa: SlotArray | None = None
         self.ckpt = -1
         # Tokens above this edge (0 for a root's children): "head blocks are worth more".

@@ -294,7 +294,7 @@ class SchedulerConfig(Section):
         return []
 
 
-# The formats radixkv.server.tool_parsers reads (a test keeps the two lists equal).
+# The formats radixkv.server.tool_calling.tool_parsers reads (a test keeps the two lists equal).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
 
 
@@ -331,7 +331,7 @@ class ServerConfig(Section):
         "and --max-queued-requests waiting); a router retries another worker at once",
         min=0,
     )
-    # Where the engine runs (radixkv.server.launch): its own process by default.
+    # Where the engine runs (radixkv.server.engine_link.launch): its own process by default.
     threads: int = opt(
         0,
         "torch CPU threads for the engine (0: torch's default, one per core)",

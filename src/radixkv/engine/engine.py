@@ -2,8 +2,8 @@
 table + prefix cache + scheduler + runner + sampler, driven one `step()` at a time.
 
 This module is the request API and the step loop (admit, forward, sample, hand out deltas). The
-memory is built by engine/memory_factory.py, the counters and metrics live in engine/stats.py, the
-n > 1 choices in engine/choices.py, the dashboard's views in engine/introspect.py."""
+memory is built by engine/kv/memory_factory.py, the counters and metrics live in engine/stats.py,
+the n > 1 choices in engine/sampling/choices.py, the dashboard's views in engine/introspect.py."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixkv.engine import choices, graph_runner, introspect, setup, stats
-from radixkv.engine.logits import next_tokens
-from radixkv.engine.memory_factory import build_memory
+from radixkv.engine import graph_runner, introspect, setup, stats
+from radixkv.engine.kv.memory_factory import build_memory
 from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
+from radixkv.engine.sampling import choices
+from radixkv.engine.sampling.logits import next_tokens
 from radixkv.engine.scheduler import Scheduler
 from radixkv.engine.stats import Totals
-from radixkv.engine.tiers import TierManager
+from radixkv.engine.tiers.manager import TierManager
 from radixkv.engine.types import (
     EngineConfig,
     EngineMetrics,
@@ -76,7 +77,8 @@ class Engine:
         graph_runner.attach(self.runner, graph_bs, mem.scratch_slot, self.table.max_context)
         # request id → its choices (index order); n == 1 requests have one.
         self._requests: dict[str, list[Request]] = {}
-        self._grammar: Any = None  # radixkv.engine.grammar.GrammarCompiler, built on first use
+        # radixkv.engine.sampling.grammar.GrammarCompiler, built on first use
+        self._grammar: Any = None
         self._pending: list[StreamDelta] = []
         self._ids = itertools.count()
         self._seeds = random.Random(cfg.scheduler.seed)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from radixkv.engine.stop import TextStream
+from radixkv.engine.sampling.stop import TextStream
 from radixkv.engine.tokens import TokenBuffer
 from radixkv.engine.types import (
     FinishReason,
@@ -30,7 +30,7 @@ class Status(enum.Enum):
 @dataclass(eq=False)
 class HybridMemory:
     """What a running request holds in a hybrid model's component pools (SWA / STATE; see
-    engine/components_kv.py, which keeps it; the runner reads state_slot). SWA: its own pages
+    engine/kv/components_kv.py, which keeps it; the runner reads state_slot). SWA: its own pages
     cover [swa_lo, swa_lo + len(swa_pages) * page_size); positions before swa_lo hold the tree's
     slots or -1. STATE: its working state, an optional snapshot, and what admission matched."""
 
@@ -85,7 +85,7 @@ class Request:
     # `forks` (outside the scheduler) until its prompt is computed, then fork from its KV.
     index: int = 0
     forks: list[Request] = field(default_factory=list)
-    matcher: Any = None  # grammar state (radixkv.engine.grammar.Matcher) for json_schema
+    matcher: Any = None  # grammar state (radixkv.engine.sampling.grammar.Matcher) for json_schema
     logprobs: list[TokenLogprobs] | None = None  # per output token, when requested
 
     def __post_init__(self) -> None:

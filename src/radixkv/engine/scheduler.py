@@ -32,14 +32,17 @@ readmission mostly hits). Admission keeps a small per-request decode reserve to 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixkv.cache.policies.research.regret import RegretWindow
 from radixkv.config import SchedulerConfig
-from radixkv.engine.kv_manager import KVManager
+from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.request import Request, Status
 from radixkv.engine.tokens import TokenBuffer
+
+if TYPE_CHECKING:
+    from radixkv.cache.policies.research.regret import RegretWindow
 
 
 @dataclass

@@ -7,16 +7,18 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixkv.cache.base import PrefixCache
-from radixkv.cache.components import Components, HybridPrefixCache
-from radixkv.cache.policies.research.regret import RegretWindow
+from radixkv.cache.hybrid.components import Components, HybridPrefixCache
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.types import SamplingParams
 from radixkv.memory.pool import KVPoolConfig
+
+if TYPE_CHECKING:
+    from radixkv.cache.policies.research.regret import RegretWindow
 
 _DTYPES = {
     "float32": torch.float32,
@@ -84,6 +86,8 @@ def make_regret_window(cfg: CacheConfig, cache: Any, num_slots: int) -> RegretWi
     """The live regret window the config asks for (None when off, or without a prefix cache)."""
     if cache is None or cfg.regret_window <= 0:
         return None
+    from radixkv.cache.policies.research.regret import RegretWindow
+
     return RegretWindow(cfg.page_size, num_slots, max_requests=cfg.regret_window)
 
 

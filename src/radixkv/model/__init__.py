@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from radixkv.model.config import LlamaConfig, UnsupportedArchitectureError
 
 if TYPE_CHECKING:
-    from radixkv.model.default import default_model_path
+    from radixkv.model.checkpoints.default import default_model_path
     from radixkv.model.loader import LoadedModel, load_model
     from radixkv.model.tokenizer import Tokenizer
 
@@ -65,7 +65,7 @@ def __getattr__(name: str) -> Any:
 
         return Tokenizer
     if name == "default_model_path":
-        from radixkv.model.default import default_model_path
+        from radixkv.model.checkpoints.default import default_model_path
 
         return default_model_path
     raise AttributeError(name)

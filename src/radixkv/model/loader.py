@@ -11,12 +11,12 @@ from typing import Any
 import torch
 
 from radixkv.model.attention import AttentionBackend, select_backend
+from radixkv.model.checkpoints.weights import SafetensorsWeights
 from radixkv.model.config import LlamaConfig
-from radixkv.model.hybrid import HybridConfig, HybridLM
-from radixkv.model.llama import CausalLM
+from radixkv.model.families.hybrid import HybridConfig, HybridLM
+from radixkv.model.families.llama import CausalLM
 from radixkv.model.registry import family, load_config
 from radixkv.model.tokenizer import Tokenizer
-from radixkv.model.weights import SafetensorsWeights
 
 __all__ = ["LoadedModel", "default_dtype", "load_config", "load_model"]
 
@@ -53,12 +53,12 @@ def load_model(
     attention: AttentionBackend | None = None,
 ) -> LoadedModel:
     """Load an HF checkpoint of any architecture in radixkv.model.registry, or an embedded model
-    by short name (radixkv.model.embedded: "gemma3-270m"; None → the embedded
+    by short name (radixkv.model.checkpoints.embedded: "gemma3-270m"; None → the embedded
     SmolLM2-135M-Instruct).
 
     Raises UnsupportedArchitectureError for other architectures, before reading any weights.
     """
-    from radixkv.model.embedded import resolve_model
+    from radixkv.model.checkpoints.embedded import resolve_model
 
     root = resolve_model(path)
     gen_path = root / "generation_config.json"

@@ -3,7 +3,7 @@ config class and model class.
 
 To add an architecture: write its config (a frozen dataclass with `from_dict(raw, gen)`, or new
 flags on an existing family's config) and its model (built from the blocks of
-radixkv.model.blocks, constructed as `Model(config, get, device=, attention=)`), then add one
+radixkv.model.nn.blocks, constructed as `Model(config, get, device=, attention=)`), then add one
 line here. Family modules are imported on first use, so reading a config does not import every
 family.
 """
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from radixkv.model.config import LlamaConfig
-    from radixkv.model.hybrid import HybridConfig
+    from radixkv.model.families.hybrid import HybridConfig
 
-# The architectures LlamaConfig parses (one family, radixkv.model.llama).
+# The architectures LlamaConfig parses (one family, radixkv.model.families.llama).
 LLAMA_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
@@ -39,17 +39,18 @@ AnyConfig: TypeAlias = "LlamaConfig | HybridConfig"
 
 @dataclass(frozen=True)
 class Family:
-    """Where a family lives: its module under radixkv.model and the two class names there."""
+    """Where a family lives: its module under radixkv.model.families and the two class names
+    there."""
 
     module: str
     config: str
     model: str
 
     def config_class(self) -> Any:
-        return getattr(import_module(f"radixkv.model.{self.module}"), self.config)
+        return getattr(import_module(f"radixkv.model.families.{self.module}"), self.config)
 
     def model_class(self) -> Any:
-        return getattr(import_module(f"radixkv.model.{self.module}"), self.model)
+        return getattr(import_module(f"radixkv.model.families.{self.module}"), self.model)
 
 
 _LLAMA = Family("llama", "LlamaConfig", "CausalLM")

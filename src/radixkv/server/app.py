@@ -29,20 +29,20 @@ from fastapi.responses import JSONResponse, Response
 
 from radixkv.config import EngineConfig
 from radixkv.server.apis import install_api_routes
-from radixkv.server.async_engine import AsyncEngine, EngineLike
 from radixkv.server.config_view import install_config_route
 from radixkv.server.dashboard import RecentRequests, install_dashboard
-from radixkv.server.engine_client import EngineClient
+from radixkv.server.engine_link.async_engine import AsyncEngine, EngineLike
+from radixkv.server.engine_link.engine_client import EngineClient
 from radixkv.server.gateway import install_gateway_routes
-from radixkv.server.generate import respond, sampling_for
 from radixkv.server.metrics import CONTENT_TYPE, ServerMetrics
 from radixkv.server.middleware import auth_and_count_middleware, install_error_handlers
-from radixkv.server.prompts import load_chat_template, parse_chat, parse_completion
-from radixkv.server.protocol import APIError
-from radixkv.server.serving import Kind
+from radixkv.server.openai.generate import respond, sampling_for
+from radixkv.server.openai.prompts import load_chat_template, parse_chat, parse_completion
+from radixkv.server.openai.protocol import APIError
+from radixkv.server.openai.serving import Kind
 from radixkv.server.sessions import SessionTracker
-from radixkv.server.tool_parsers import parser_for_template
-from radixkv.server.tools import ToolPlan
+from radixkv.server.tool_calling.tool_parsers import parser_for_template
+from radixkv.server.tool_calling.tools import ToolPlan
 
 log = logging.getLogger("radixkv.server")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from radixkv.engine.types import RequestOptions, SamplingParams, StreamDelta
-from radixkv.server.launch import DEFAULT_MODEL_NAME
+from radixkv.server.engine_link.launch import DEFAULT_MODEL_NAME
 
 if TYPE_CHECKING:
     from radixkv.config import EngineConfig
@@ -98,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def build_engine(args: argparse.Namespace) -> Any:
     """The Engine the flags describe, built in this process, after the configuration printout."""
-    from radixkv.server.launch import build_engine_from_config
+    from radixkv.server.engine_link.launch import build_engine_from_config
 
     config = config_from_args(args)
     log.info("%s", config.format())
@@ -123,9 +123,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from radixkv.server.app import create_app
-    from radixkv.server.engine_proc import EngineStartError
-    from radixkv.server.launch import close_server_engine, open_server_engine
-    from radixkv.server.prompts import load_chat_template
+    from radixkv.server.engine_link.engine_proc import EngineStartError
+    from radixkv.server.engine_link.launch import close_server_engine, open_server_engine
+    from radixkv.server.openai.prompts import load_chat_template
 
     setup_logging(args.log_level)
     config = config_from_args(args)

@@ -29,7 +29,7 @@ from radixkv.cache.tree_view import namespace_label, request_label, session_labe
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState
-    from radixkv.server.serving import Generation
+    from radixkv.server.openai.serving import Generation
 
 RECENT_REQUESTS = 200  # ring buffer size (summaries of finished requests)
 MAX_SESSIONS_LISTED = 20

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from radixkv.server.cli import add_model_args
-from radixkv.server.launch import add_engine_mode_args
+from radixkv.server.engine_link.launch import add_engine_mode_args
 
 SYSTEM_PROMPT = (
     "You are the help desk assistant of Northwind Gardens, a plant nursery. Opening hours are "
@@ -87,8 +87,8 @@ def _chat(url: str, model: str, question: str, max_tokens: int) -> dict[str, Any
 def cmd_demo(args: argparse.Namespace) -> int:
     from radixkv.server.background import BackgroundServer
     from radixkv.server.cli import config_from_args, model_name_for, setup_logging
-    from radixkv.server.engine_proc import EngineStartError
-    from radixkv.server.launch import close_server_engine, open_server_engine
+    from radixkv.server.engine_link.engine_proc import EngineStartError
+    from radixkv.server.engine_link.launch import close_server_engine, open_server_engine
 
     setup_logging("info")
     try:

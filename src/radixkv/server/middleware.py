@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixkv.engine.types import RequestError
 from radixkv.server.dashboard import page_key_ok
 from radixkv.server.errors import anthropic_body, is_anthropic_path
-from radixkv.server.protocol import APIError, overloaded
+from radixkv.server.openai.protocol import APIError, overloaded
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

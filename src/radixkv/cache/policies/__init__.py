@@ -11,6 +11,7 @@ that compares a running cache with it. Every name a user passes (`--eviction-pol
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib import import_module
 
 from radixkv.cache.policies.base import EvictionPolicy, PolicyKey, PolicyNode
 from radixkv.cache.policies.core import (
@@ -21,9 +22,6 @@ from radixkv.cache.policies.core import (
     PriorityPolicy,
     SessionAwarePolicy,
 )
-from radixkv.cache.policies.research.density import DensityPolicy
-from radixkv.cache.policies.research.predictive import PredictivePolicy
-from radixkv.cache.policies.research.segmented import S3FIFOPolicy
 
 CORE_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
     "lru": LRUPolicy,
@@ -33,10 +31,23 @@ CORE_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
     "priority": PriorityPolicy,
     "session-lru": lambda: SessionAwarePolicy(LRUPolicy()),
 }
+
+
+def _research(module: str, name: str) -> Callable[[], EvictionPolicy]:
+    """A research policy's factory that imports its module on first use: nothing in
+    `research/` loads unless a user names one of its policies."""
+
+    def make() -> EvictionPolicy:
+        policy: EvictionPolicy = getattr(import_module(f"{__name__}.research.{module}"), name)()
+        return policy
+
+    return make
+
+
 RESEARCH_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
-    "s3fifo": S3FIFOPolicy,
-    "predict": PredictivePolicy,
-    "density": DensityPolicy,
+    "s3fifo": _research("segmented", "S3FIFOPolicy"),
+    "predict": _research("predictive", "PredictivePolicy"),
+    "density": _research("density", "DensityPolicy"),
 }
 _REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {**CORE_POLICIES, **RESEARCH_POLICIES}
 

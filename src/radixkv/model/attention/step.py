@@ -1,8 +1,8 @@
 """One forward's attention, as every family's attention layers call it.
 
-`KVStep` is the `attend(layer, q, k, v)` half of a decoder layer's LayerOps (radixkv.model.blocks)
-for any model: it holds, per KV component ("full", "swa"), the pool and the backend's metadata
-for this step (prepared once here, or handed in by a graph runner through
+`KVStep` is the `attend(layer, q, k, v)` half of a decoder layer's LayerOps
+(radixkv.model.nn.blocks) for any model: it holds, per KV component ("full", "swa"), the pool and
+the backend's metadata for this step (prepared once here, or handed in by a graph runner through
 `ForwardBatch.attention`), and per attention layer where it reads and writes (`AttnLayer`).
 Every call goes to the backend's `forward`, which writes the layer's new K/V and attends: the
 model never writes the pool itself.
@@ -21,7 +21,7 @@ from radixkv.memory.hybrid import ModelPools, PoolSpec
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention.backend import AttentionBackend
 from radixkv.model.batch import ForwardBatch
-from radixkv.model.linear import PackedLinear
+from radixkv.model.nn.linear import PackedLinear
 
 
 @dataclass(frozen=True)

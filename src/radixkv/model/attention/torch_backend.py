@@ -15,7 +15,7 @@ the gathered tensors is torch SDPA (default) or matmul + float32 softmax.
 
 The KV write is this backend's (`write_kv`: index_copy_ into the layer's pool tensors at the
 step's out slots). On the CPU path where the Llama family's layer stack runs as one C++ call
-(radixkv.model.native_stack), that stack makes the same write and the same kernel calls inside
+(radixkv.model.nn.native_stack), that stack makes the same write and the same kernel calls inside
 its layer loop, from the arguments `stack_args` hands it: the native stack is this backend's
 fused form, so the write stays the backend's there too.
 """
@@ -72,19 +72,19 @@ class TorchAttention:
     kernel="sdpa" runs torch's scaled_dot_product_attention on the gathered K/V, "matmul" an
     explicit matmul + float32 softmax. Both see identical inputs and masks; on this project's
     CPUs SDPA measured faster for both prefill and one-query decode, in float32 and bfloat16
-    (numbers in `radixkv.model.microbench`), so it is the default.
+    (numbers in `radixkv.bench.microbench`), so it is the default.
 
     `decode_kernel`, when given (the C++ CPU kernel of `radixkv.model.kernels`), replaces gather +
     SDPA for the one-token requests: it reads each context's K/V rows in place from the pool,
     with float32 softmax and accumulation (about 2x faster per layer than gather + SDPA for 8
     requests of 266 tokens; a whole float32 decode step 42 -> 36 ms, measured with
-    `RADIXKV_CPU_KERNELS=0 / 1 python -m radixkv.model.microbench --steps-ab compiled`).
+    `RADIXKV_CPU_KERNELS=0 / 1 python -m radixkv.bench.microbench --steps-ab compiled`).
 
     `extend_kernel` likewise replaces gather + SDPA for all multi-token requests of a forward in
     one call (flash-attention style over K/V read in place, causal and windowed; float32
     softmax and accumulation; bf16 pools multiply bf16 pairs with AVX-512 BF16 dot products where
     the CPU has them): a 1,088-token causal prefill's attention per layer, gather + SDPA 12.1 ->
-    4.1 ms in float32 and 12.7 -> 2.6 ms in bfloat16 (`python -m radixkv.model.microbench
+    4.1 ms in float32 and 12.7 -> 2.6 ms in bfloat16 (`python -m radixkv.bench.microbench
     --skip-model --prefill-len 1088`, 2 threads).
     """
 

@@ -12,7 +12,7 @@
 - `pointwise()`: RMSNorm, SiLU * up and RoPE (`pointwise.cpp`) with one fixed arithmetic per
   row, called by the eager and the compiled model alike.
 - `DecoderStack` (`stack.cpp`): a Llama-family model's layers in one call that makes the very
-  kernel calls of the eager layers, in order (radixkv.model.native_stack).
+  kernel calls of the eager layers, in order (radixkv.model.nn.native_stack).
 
 On CPUs with AMX, bfloat16 attention and GEMMs run on AMX tiles (`attn_amx.h`, `gemm_amx.h`);
 `RADIXKV_AMX=0` keeps a process on the AVX-512 kernels (other bits, the same invariance). Without
@@ -89,7 +89,7 @@ def _source_tag() -> str:
 
 
 def build_dir() -> Path:
-    from radixkv.model.default import cache_root
+    from radixkv.model.checkpoints.default import cache_root
 
     tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
     name = f"{tag}-{_cpu_tag()}-{_source_tag()}"

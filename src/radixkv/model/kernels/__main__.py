@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", action="append", default=[], help="also convert this embedded model (short name)"
     )
     args = parser.parse_args(argv)
-    from radixkv.model.embedded import EMBEDDED_MODELS
+    from radixkv.model.checkpoints.embedded import EMBEDDED_MODELS
 
     for name in args.model:
         if name not in EMBEDDED_MODELS:
@@ -32,14 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"kernels ready in {time.perf_counter() - t0:.0f} s", flush=True)
     if args.default_model:
-        from radixkv.model.default import default_model_path
+        from radixkv.model.checkpoints.default import default_model_path
 
         t1 = time.perf_counter()
         print("converting the embedded default model ...", flush=True)
         path = default_model_path()
         print(f"default model ready in {time.perf_counter() - t1:.0f} s: {path}", flush=True)
     for name in args.model:
-        from radixkv.model.embedded import resolve_model
+        from radixkv.model.checkpoints.embedded import resolve_model
 
         t1 = time.perf_counter()
         print(f"converting the embedded model {name} ...", flush=True)

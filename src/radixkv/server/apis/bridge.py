@@ -21,11 +21,11 @@ from pydantic import ValidationError
 
 from radixkv.engine.types import RequestError
 from radixkv.server.errors import APIError
-from radixkv.server.generate import start_generation
 from radixkv.server.middleware import request_error
-from radixkv.server.prompts import chat_prompt
-from radixkv.server.protocol import ChatCompletionRequest
-from radixkv.server.serving import Generation
+from radixkv.server.openai.generate import start_generation
+from radixkv.server.openai.prompts import chat_prompt
+from radixkv.server.openai.protocol import ChatCompletionRequest
+from radixkv.server.openai.serving import Generation
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

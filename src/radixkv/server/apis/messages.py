@@ -38,10 +38,10 @@ from radixkv.server.apis.bridge import (
 )
 from radixkv.server.apis.messages_protocol import MESSAGES_NAMES, MessagesRequest
 from radixkv.server.errors import APIError, anthropic_body
-from radixkv.server.generate import event_stream
-from radixkv.server.prompts import read_body
-from radixkv.server.protocol import parse_body
-from radixkv.server.serving import Generation
+from radixkv.server.openai.generate import event_stream
+from radixkv.server.openai.prompts import read_body
+from radixkv.server.openai.protocol import parse_body
+from radixkv.server.openai.serving import Generation
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

@@ -32,10 +32,10 @@ from radixkv.server.apis.bridge import Item, ItemEvent, ItemTracker, items_of, r
 from radixkv.server.apis.response_store import ResponseStore
 from radixkv.server.apis.responses_protocol import RESPONSES_NAMES, ResponsesRequest
 from radixkv.server.errors import APIError
-from radixkv.server.generate import event_stream
-from radixkv.server.prompts import read_body
-from radixkv.server.protocol import parse_body
-from radixkv.server.serving import Generation
+from radixkv.server.openai.generate import event_stream
+from radixkv.server.openai.prompts import read_body
+from radixkv.server.openai.protocol import parse_body
+from radixkv.server.openai.serving import Generation
 
 if TYPE_CHECKING:
     from radixkv.server.app import ServerState

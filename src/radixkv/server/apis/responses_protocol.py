@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixkv.server.apis.bridge import chat_request
 from radixkv.server.errors import APIError
-from radixkv.server.protocol import ChatCompletionRequest
+from radixkv.server.openai.protocol import ChatCompletionRequest
 
 # The chat path's field names → this API's, for errors raised on the chat path.
 RESPONSES_NAMES = {

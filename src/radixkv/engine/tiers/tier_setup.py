@@ -1,0 +1,168 @@
+"""Building the hierarchical cache from the cache section (checked by radixkv.config): L2 size,
+the model fingerprint; `NoTiers` stands in when the config asks for none."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixkv.config import CacheConfig
+from radixkv.engine.request import Request
+from radixkv.engine.tiers.manager import LoadPlan, TierManager
+from radixkv.engine.tiers.prefetch import PrefetchPolicy
+from radixkv.engine.tiers.tier_residency import TierOp
+from radixkv.memory.host_pool import HostKVPool
+from radixkv.memory.hybrid import ModelPools
+from radixkv.memory.pool import KVPool
+
+_SAMPLE = 4096  # values per tensor that enter the weights digest
+
+
+def model_fingerprint(lm: Any, dtype: torch.dtype) -> str:
+    """Architecture + config + a weights digest + KV dtype, as hex. The digest covers every
+    parameter's name, shape and dtype and a strided sample of its values (hashing all weights of a
+    large model would take seconds at start-up); two checkpoints differing only outside the
+    sample would collide, which fine-tunes of one base in practice never do."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(lm.config).encode())
+    h.update(str(dtype).encode())
+    with torch.no_grad():
+        for name, p in _named_tensors(lm.model):
+            h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // _SAMPLE)
+            sample = flat[::step][:_SAMPLE].to("cpu", torch.float32).contiguous()
+            h.update(sample.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _named_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """A torch module's state dict, or (for plain objects) their tensor attributes."""
+    if hasattr(model, "state_dict"):
+        items = model.state_dict().items()
+    else:
+        items = ((k, v) for k, v in vars(model).items() if isinstance(v, torch.Tensor))
+    return sorted(items, key=lambda kv: kv[0])
+
+
+def make_tiers(
+    cfg: CacheConfig,
+    pool: KVPool,
+    lm: Any,
+    chunk_tokens: int = 2048,
+    pools: ModelPools | None = None,
+    swa_window: int | None = None,
+) -> TierManager | NoTiers:
+    """The TierManager the config asks for, or NoTiers. Without enable_hierarchical_cache but with
+    a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2).
+    `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time).
+    A hybrid model (`pools`, its SWA window) gets a HybridTierManager: its SWA and STATE host
+    pools hold the same share of their device pools as the FULL one."""
+    if not cfg.tiers_enabled:
+        return NoTiers()
+    ps = cfg.page_size
+    if cfg.hicache_size is not None:
+        pages = HostKVPool.pages_for_bytes(pool, int(cfg.hicache_size * 2**20), ps)
+    elif cfg.enable_hierarchical_cache:
+        pages = 2 * pool.num_slots // ps
+    else:
+        pages = max(1, pool.num_slots // ps // 4)
+    storage = None
+    if cfg.hicache_storage_backend is not None:
+        assert cfg.hicache_storage_url is not None
+        storage = (cfg.hicache_storage_backend, cfg.hicache_storage_url)
+    prefetch = PrefetchPolicy(
+        cfg.hicache_storage_prefetch_policy, cfg.hicache_prefetch_timeout_s, chunk_tokens
+    )
+    fingerprint = model_fingerprint(lm, pool.config.dtype)
+    policy, timeout_s = cfg.hicache_write_policy, cfg.hicache_storage_timeout_s
+    common = (ps, pages, policy, fingerprint, storage, timeout_s, prefetch)
+    if pools is not None:
+        from radixkv.engine.tiers.hybrid_tiers import HybridTierManager
+
+        interval = -(-cfg.state_checkpoint_interval // ps) * ps
+        return HybridTierManager(pools, swa_window, interval, *common)
+    return TierManager(pool, *common)
+
+
+class NoTiers:
+    """The tiers when none are configured (a null object, so the KV manager and the engine call
+    the tiers unconditionally): every hook does nothing, nothing is ever found or held."""
+
+    has_storage = False
+
+    def on_insert(self, req: Request, slots: np.ndarray, cached: int, aligned: int) -> None:
+        pass
+
+    def on_l1_hit(self, slots: np.ndarray) -> None:
+        pass
+
+    def on_evict(self, slots: np.ndarray, demote: bool = True) -> None:
+        pass
+
+    def on_components_insert(
+        self,
+        req: Request,
+        swa_row: np.ndarray | None,
+        cached: int,
+        aligned: int,
+        checkpoints: list[tuple[int, int]],
+    ) -> None:
+        pass
+
+    def plan_load(self, req: Request, length: int) -> LoadPlan | None:
+        return None
+
+    def load(self, plan: LoadPlan, dev_pages: list[int] | None) -> None:
+        raise AssertionError("NoTiers never plans a load")
+
+    def end_match(self, req: Request) -> None:
+        pass
+
+    def start_prefetch(self, req: Request, l1_tokens: int) -> float | None:
+        return None
+
+    def prefetch_pending(self, request_id: str) -> bool:
+        return False
+
+    def end_hold(self, request_id: str) -> None:
+        pass
+
+    def poll(self, timeout: float = 0.0) -> None:
+        pass
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def forget(self, req: Request) -> None:
+        pass
+
+    def loaded_split(self, req: Request) -> tuple[int, int]:
+        return 0, 0
+
+    def flush(self, device_reset: bool) -> None:
+        pass
+
+    def announce_residency(self) -> None:
+        pass
+
+    def residency_ops(self) -> list[TierOp]:
+        return []
+
+    def close(self, tree_pages: set[int], timeout_s: float = 5.0) -> bool:
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def check(self) -> None:
+        pass
+
+    def device_pages(self) -> set[int]:
+        return set()
+
+
+Tiers = TierManager | NoTiers
