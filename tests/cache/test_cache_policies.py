@@ -247,14 +247,17 @@ def test_registry_does_not_depend_on_import_order(first: str) -> None:
 
 
 def test_research_policies_load_only_when_named() -> None:
-    """Importing the cache, the scheduler or the engine loads nothing of `policies/research/`
-    (the regret window's type is only the type checker's); naming a research policy loads its
-    module, and only that one."""
+    """Importing the cache, the scheduler or the engine, or building the command line (whose
+    --eviction-policy choices list every policy and its session form), loads nothing of
+    `policies/research/` (the regret window's type is only the type checker's); naming a research
+    policy loads its module, and only that one."""
     research = "radixkv.cache.policies.research"
     code = (
         "import sys\n"
         "import radixkv.cache, radixkv.engine.scheduler, radixkv.engine.stats\n"
         "import radixkv.engine.setup, radixkv.engine.engine\n"
+        "from radixkv.cli import build_parser\n"
+        "build_parser()\n"
         f"print(sorted(m for m in sys.modules if m.startswith({research!r})))\n"
         "from radixkv.cache import RadixCache\n"
         "RadixCache(policy='s3fifo')\n"

@@ -27,7 +27,6 @@ import numpy as np
 from radixkv.bench.inputs.traces import TraceRequest, trace_summary
 from radixkv.cache import available_policies
 from radixkv.cache.base import PrefixCache
-from radixkv.cache.policies.research.belady import belady
 
 CacheFactory = Callable[[], PrefixCache]
 ORACLES = ("belady",)  # offline optima: they know the future; marked in every table
@@ -166,6 +165,8 @@ def replay_belady(requests: Sequence[TraceRequest], capacity: int, page_size: in
     nothing to compute, unlike hashing every page)."""
     start = time.perf_counter()
     keys = [trace_page_keys(r, page_size) for r in requests]
+    from radixkv.cache.policies.research.belady import belady  # the oracle: loaded when run
+
     opt = belady(keys, capacity // page_size)
     res = ReplayResult(capacity, "belady", "oracle", page_size, requests=len(requests))
     for req, pages in zip(requests, opt.hit_pages, strict=True):

@@ -32,15 +32,10 @@ _TIERS = "hierarchical cache (host L2, storage L3)"
 def eviction_policy_names() -> list[str]:
     """Registered policies, plus session-aware forms of the base ones (`session-<base>`) that
     exist: a base that owns its queue of leaves (s3fifo, predict, density) has none."""
-    from radixkv.cache.policies import EvictionPolicy, available_policies, make_policy
+    from radixkv.cache.policies import available_policies, owns_queue
 
     names = available_policies()
-    bases = [
-        n
-        for n in names
-        if not n.startswith("session-")
-        and type(make_policy(n)).make_queue is EvictionPolicy.make_queue
-    ]
+    bases = [n for n in names if not n.startswith("session-") and not owns_queue(n)]
     return names + [f"session-{b}" for b in bases if f"session-{b}" not in names]
 
 

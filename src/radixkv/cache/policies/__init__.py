@@ -52,6 +52,14 @@ RESEARCH_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
 _REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {**CORE_POLICIES, **RESEARCH_POLICIES}
 
 
+def owns_queue(name: str) -> bool:
+    """Whether the registered policy `name` keeps its own queue of leaves (then it has no
+    `session-<name>` form). The research policies all do, and are not imported to say so."""
+    if name in RESEARCH_POLICIES and _REGISTRY.get(name) is RESEARCH_POLICIES[name]:
+        return True
+    return type(make_policy(name)).make_queue is not EvictionPolicy.make_queue
+
+
 def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
     """Make a custom policy available by name to every cache constructor."""
     _REGISTRY[name] = factory
