@@ -262,7 +262,7 @@ class SchedulerConfig(Section):
     )
     chunked_prefill_size: int = opt(2048, "max new prompt tokens per step", min=1)
     decode_stall_ms: float = opt(
-        1000.0,
+        500.0,
         "while requests decode, cap a step's prompt tokens at what the measured prefill rate "
         "computes in this many ms (at least 64 tokens), so a long prompt is spread over steps "
         "that each also advance every decoding stream (0: off, the whole budget)",

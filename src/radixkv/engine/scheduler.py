@@ -13,7 +13,7 @@ uncached prompts arrive together they therefore finish one after another instead
 end (for equal prompts the mean time to first token falls by up to a third), at the cost of
 slightly more steps.
 
-Decode stall (`decode_stall_ms`, 1,000 by default, off at 0): while any request decodes, the
+Decode stall (`decode_stall_ms`, 500 by default, off at 0): while any request decodes, the
 step's budget is cut to the prompt tokens the measured prefill rate computes in that many
 milliseconds (at least `min_stall_chunk`). A long prompt then runs over several steps, and each of
 them also advances every decoding stream by a token, instead of one step that holds every stream
