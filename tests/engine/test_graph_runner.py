@@ -233,6 +233,15 @@ def test_the_engine_decodes_through_graphs_with_the_census_honest(
     assert graphs.scratch == engine.allocator.num_slots  # the last slot, outside the range
     assert outputs(engine) == want
     assert graphs.replays >= 4 and graphs.fallbacks["prefill"] >= 1
+    m = engine.metrics()
+    assert m.graph_replays == graphs.replays and m.graph_fallbacks == dict(graphs.fallbacks)
+    assert eager.metrics().graph_replays is None
+    from radixkv.server.metrics import ServerMetrics
+
+    text = ServerMetrics(engine.metrics).render().decode()
+    assert f"radixkv_decode_graph_replays_total {float(graphs.replays)}" in text
+    assert 'radixkv_decode_graph_fallbacks_total{reason="prefill"}' in text
+    assert "decode_graph" not in ServerMetrics(eager.metrics).render().decode()
 
 
 def test_the_cuda_capturer_warms_up_captures_on_its_stream_and_shares_one_pool(

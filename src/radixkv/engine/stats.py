@@ -65,7 +65,15 @@ def snapshot(engine: Engine) -> EngineMetrics:
         prefill_tokens_total=s.prefill_tokens_total,
         forked_choices_total=t.forked,
         **window_fields(s.regret),
+        **graph_fields(engine.runner.graphs),
     )
+
+
+def graph_fields(graphs: Any) -> dict[str, Any]:
+    """The decode graphs' counters (none without a graph runner)."""
+    if graphs is None:
+        return {}
+    return {"graph_replays": graphs.replays, "graph_fallbacks": dict(graphs.fallbacks)}
 
 
 def component_pools(engine: Engine) -> dict[str, dict[str, int]]:

@@ -74,6 +74,25 @@ class _EngineCollector(Collector):
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"radixkv_{name}", doc, value=float(value))
         yield from _tier_metrics(m)
+        yield from _graph_metrics(m)
+
+
+def _graph_metrics(m: EngineMetrics) -> Iterable[Metric]:
+    """Decode as CUDA graphs: steps replayed and steps run eagerly by reason (only when the
+    engine captured graphs)."""
+    if m.graph_replays is None:
+        return
+    yield CounterMetricFamily(
+        "radixkv_decode_graph_replays", "Decode steps replayed from a CUDA graph", m.graph_replays
+    )
+    eager = CounterMetricFamily(
+        "radixkv_decode_graph_fallbacks",
+        "Steps run eagerly with decode graphs on, by reason (prefill, batch, context, ...)",
+        labels=["reason"],
+    )
+    for reason, count in sorted(m.graph_fallbacks.items()):
+        eager.add_metric([reason], float(count))
+    yield eager
 
 
 def _tier_metrics(m: EngineMetrics) -> Iterable[Metric]:
