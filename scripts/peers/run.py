@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.bench.serving.peer_server import PeerServer, scrub, vllm_env
+from radixkv.bench.serving.peer_server import PEER_KV_GIB, PeerServer, scrub, vllm_env
 from radixkv.bench.serving.server_proc import LocalServer, served_kernel_paths
 
 # vLLM's benchmark client, run inside vLLM's virtualenv: its documented Python entry points.
@@ -142,6 +142,8 @@ OURS: dict[str, dict[str, str]] = {"radixkv": {}, "radixkv-off": {"RADIXKV_CPU_K
 def _server(engine: str, args: argparse.Namespace, dtype: str, log: Path) -> Any:
     if engine in OURS:
         flags = ["--dtype", dtype, *shlex.split(args.radixkv_args)]
+        if not {"--kv-cache-mb", "--num-slots"} & {f.split("=")[0] for f in flags}:
+            flags += ["--kv-cache-mb", str(PEER_KV_GIB * 1024)]  # vLLM's KV budget
         return LocalServer(args.model_dir, flags, log, args.startup_timeout, OURS[engine])
     cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server"]
     cmd += ["--model", args.model_dir, "--served-model-name", "peer", "--dtype", dtype]

@@ -10,6 +10,11 @@ from pathlib import Path
 
 from radixkv.bench.serving.server_proc import ServerProcess, home_relative
 
+# The KV cache each engine gets in a side-by-side run: vLLM's VLLM_CPU_KVCACHE_SPACE (GiB) and
+# our --kv-cache-mb are set from this one figure, so neither engine evicts for lack of a budget
+# the other has.
+PEER_KV_GIB = 2
+
 
 def vllm_env(num_cores: int) -> dict[str, str]:
     """vLLM CPU settings for a fair run: every core bound, none reserved (its CPU build keeps
@@ -18,7 +23,7 @@ def vllm_env(num_cores: int) -> dict[str, str]:
         "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{num_cores - 1}" if num_cores > 1 else "0",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_KVCACHE_SPACE": str(PEER_KV_GIB),
         # Lets the benchmark clients reset the prefix cache after their warm-up.
         "VLLM_SERVER_DEV_MODE": "1",
     }
