@@ -35,17 +35,11 @@ from typing import Any
 
 import torch
 
+from radixkv.bench.tiny_model import LLAMA_1B
+
+# The 1B shape of `radixkv bench` (its config, less the initializer, with the default vocabulary).
 ONE_B: dict[str, Any] = {
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "max_position_embeddings": 8192,
-    "rope_theta": 500000.0,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
+    **{k: v for k, v in LLAMA_1B.config.items() if k != "initializer_range"},
     "vocab_size": 49152,
 }
 DRY: dict[str, Any] = {  # the CPU dry run's shape
