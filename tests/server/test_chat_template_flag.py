@@ -28,6 +28,8 @@ def test_load_chat_template(tmp_path: Path) -> None:
     path.write_text(HERMES)
     assert load_chat_template(str(path)) == HERMES
     assert load_chat_template(HERMES) == HERMES
+    looped = "{% for m in messages %}{{ m.content }}{% break %}{% endfor %}"  # loopcontrols
+    assert load_chat_template(looped) == looped
     with pytest.raises(ValueError, match="no such file"):
         load_chat_template(str(tmp_path / "missing.jinja"))
     with pytest.raises(ValueError, match="does not compile"):

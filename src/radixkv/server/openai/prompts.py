@@ -138,8 +138,8 @@ def load_chat_template(value: str) -> str:
         if not path.is_file():
             raise ValueError(f"--chat-template: no such file: {value}")
         value = path.read_text()
-    try:
-        ImmutableSandboxedEnvironment().parse(value)
+    try:  # parsed with the extension the tokenizer compiles templates with (model/tokenizer.py)
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(value)
     except TemplateSyntaxError as exc:
         raise ValueError(f"--chat-template does not compile: {exc}") from None
     return value
