@@ -203,7 +203,8 @@ class EngineMetrics:
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     tier_stats: dict[str, float] = field(default_factory=dict)
     # Decode as CUDA graphs (engine/graph_runner.py): steps replayed, and steps run eagerly by
-    # reason ("prefill", "batch", "context", ...); None when the engine captured no graphs.
+    # reason (GraphRunner.why_eager: "prefill", "batch too large", ...); None when the engine
+    # captured no graphs.
     graph_replays: int | None = None
     graph_fallbacks: dict[str, int] = field(default_factory=dict)
 

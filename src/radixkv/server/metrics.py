@@ -87,7 +87,7 @@ def _graph_metrics(m: EngineMetrics) -> Iterable[Metric]:
     )
     eager = CounterMetricFamily(
         "radixkv_decode_graph_fallbacks",
-        "Steps run eagerly with decode graphs on, by reason (prefill, batch, context, ...)",
+        "Steps run eagerly with decode graphs on, by reason (prefill, batch too large, ...)",
         labels=["reason"],
     )
     for reason, count in sorted(m.graph_fallbacks.items()):
