@@ -1,7 +1,7 @@
 """Host <-> device copies of KV pages, and the decisions they rest on (issue 35, item 2).
 
 Three rules, each one function here so that the decisions are tested on a machine without a GPU
-(tests/memory/test_transfer.py monkeypatches what torch reports):
+(tests/tiers/test_device_transfer.py monkeypatches what torch reports):
 
 - `wants_pinned(device)`: host buffers that feed or receive device copies are pinned
   (page-locked) only when the device is CUDA and torch has CUDA: pinned pages are what lets a
