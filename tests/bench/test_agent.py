@@ -130,6 +130,30 @@ def test_report_pools_rates_and_checks_the_target() -> None:
     assert "| float32 | TTFT mean (ms) | 100 | 400 | 0.25x |" in table
 
 
+def _probe(after: float, alone: float) -> dict[str, object]:
+    side = {"ttft_median_s": 0.0, "computed_tokens": [260]}
+    return {
+        "history_tokens": 32301,
+        "new_tokens": 256,
+        "alone": {**side, "ttft_median_s": alone},
+        "after_history": {**side, "ttft_median_s": after},
+        "ttft_ratio": after / alone,
+    }
+
+
+def test_report_of_a_probe_only_run() -> None:
+    """`--probe-only` runs have no agent turns: the report shows their probes side by side."""
+    ours = {"engine": "radixkv", "dtype": "bfloat16", "probe": _probe(0.714, 0.265)}
+    peer = {"engine": "vllm", "dtype": "bfloat16", "probe": _probe(1.143, 0.241)}
+    text = agent_report.format_run(ours)
+    assert text.startswith("## radixkv (bfloat16)") and "after 32301 cached tokens 714 ms" in text
+    assert "2.69x" in text
+    table = agent_report.compare([ours, peer])
+    assert "| bfloat16 | probe TTFT after history (ms) | 714 | 1143 | 0.62x |" in table
+    assert "| bfloat16 | probe TTFT alone (ms) | 265 | 241 | 1.10x |" in table
+    assert "hit rate" not in table
+
+
 def test_bench_agent_against_our_server(
     tiny_model_dir: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -146,10 +146,15 @@ def _pct(v: float | None) -> str:
 
 
 def format_run(run: dict[str, Any]) -> str:
-    """A run's per-turn table and its summary lines, as text."""
+    """A run's per-turn table and its summary lines, as text (only its probe after
+    `--probe-only`)."""
+    title = f"## {run['engine']} ({run.get('dtype') or 'dtype as served'})"
+    probe = run.get("probe")
+    if "summary" not in run:
+        return "\n".join([title, format_probe(probe) if probe else "no agent turns, no probe"])
     s = run["summary"]
     lines = [
-        f"## {run['engine']} ({run.get('dtype') or 'dtype as served'})",
+        title,
         "| turn | prompt | cached | computed | hit rate (min) | reusable | TTFT ms | TPOT ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -170,7 +175,6 @@ def format_run(run: dict[str, Any]) -> str:
         f"{s['wall_s']:.1f} s; {s['turns_ok']} turns ok, {s['turns_failed']} failed; "
         f"{s['tool_calls']} tool calls",
     ]
-    probe = run.get("probe")
     if probe:
         lines.append(format_probe(probe))
     return "\n".join(lines)
@@ -190,8 +194,55 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
+def _summary_rows(so: dict[str, Any], sp: dict[str, Any]) -> list[tuple[str, Any, Any, int]]:
+    """(metric, ours, peer, kind) of two agent runs' summaries; kind 0: a rate, 1: seconds
+    shown in ms, 2: a plain number."""
+    return [
+        ("hit rate after turn 1", so["hit_rate_after_first"], sp["hit_rate_after_first"], 0),
+        (
+            "min hit rate after turn 1",
+            so["hit_rate_min_after_first"],
+            sp["hit_rate_min_after_first"],
+            0,
+        ),
+        ("TTFT mean (ms)", so["ttft_s"]["mean"], sp["ttft_s"]["mean"], 1),
+        (
+            "TTFT after turn 1 mean (ms)",
+            so["ttft_after_first_s"]["mean"],
+            sp["ttft_after_first_s"]["mean"],
+            1,
+        ),
+        ("TPOT mean (ms)", so["tpot_s"]["mean"], sp["tpot_s"]["mean"], 1),
+        ("E2E mean (ms)", so["e2e_s"]["mean"], sp["e2e_s"]["mean"], 1),
+        ("wall (s)", so["wall_s"], sp["wall_s"], 2),
+    ]
+
+
+def _probe_rows(po: dict[str, Any], pp: dict[str, Any]) -> list[tuple[str, Any, Any, int]]:
+    """The probe's two median TTFTs and their ratio, for both engines."""
+    return [
+        (
+            "probe TTFT after history (ms)",
+            po["after_history"]["ttft_median_s"],
+            pp["after_history"]["ttft_median_s"],
+            1,
+        ),
+        ("probe TTFT alone (ms)", po["alone"]["ttft_median_s"], pp["alone"]["ttft_median_s"], 1),
+        ("probe TTFT ratio", po["ttft_ratio"], pp["ttft_ratio"], 2),
+    ]
+
+
+def _cell(v: Any, kind: int) -> str:
+    if kind == 0:
+        return _pct(v)
+    if kind == 1:
+        return _ms(v)
+    return "-" if v is None else f"{v:.2f}"
+
+
 def compare(runs: Sequence[dict[str, Any]], base: str = "vllm") -> str:
-    """Each non-`base` engine against `base` in the same dtype: key metrics and their ratios."""
+    """Each non-`base` engine against `base` in the same dtype: key metrics and their ratios
+    (the agent loop's where both ran it, the probe's where both ran it)."""
     lines: list[str] = []
     by_dtype: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in runs:
@@ -203,37 +254,13 @@ def compare(runs: Sequence[dict[str, Any]], base: str = "vllm") -> str:
         peer = engines.get(base)
         if ours is None or peer is None:
             continue
-        so, sp = ours["summary"], peer["summary"]
-        rows = [
-            ("hit rate after turn 1", so["hit_rate_after_first"], sp["hit_rate_after_first"], 0),
-            (
-                "min hit rate after turn 1",
-                so["hit_rate_min_after_first"],
-                sp["hit_rate_min_after_first"],
-                0,
-            ),
-            ("TTFT mean (ms)", so["ttft_s"]["mean"], sp["ttft_s"]["mean"], 1),
-            (
-                "TTFT after turn 1 mean (ms)",
-                so["ttft_after_first_s"]["mean"],
-                sp["ttft_after_first_s"]["mean"],
-                1,
-            ),
-            ("TPOT mean (ms)", so["tpot_s"]["mean"], sp["tpot_s"]["mean"], 1),
-            ("E2E mean (ms)", so["e2e_s"]["mean"], sp["e2e_s"]["mean"], 1),
-            ("wall (s)", so["wall_s"], sp["wall_s"], 2),
-        ]
+        rows: list[tuple[str, Any, Any, int]] = []
+        if "summary" in ours and "summary" in peer:
+            rows += _summary_rows(ours["summary"], peer["summary"])
         if ours.get("probe") and peer.get("probe"):
-            rows.append(
-                ("probe TTFT ratio", ours["probe"]["ttft_ratio"], peer["probe"]["ttft_ratio"], 2)
-            )
+            rows += _probe_rows(ours["probe"], peer["probe"])
         for name, a, b, kind in rows:
-            fa, fb = (
-                (_pct(a), _pct(b))
-                if kind == 0
-                else (_ms(a), _ms(b))
-                if kind == 1
-                else ("-" if a is None else f"{a:.2f}", "-" if b is None else f"{b:.2f}")
+            lines.append(
+                f"| {dtype} | {name} | {_cell(a, kind)} | {_cell(b, kind)} | {_ratio(a, b)} |"
             )
-            lines.append(f"| {dtype} | {name} | {fa} | {fb} | {_ratio(a, b)} |")
     return "\n".join(lines)
