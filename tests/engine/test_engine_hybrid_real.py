@@ -14,7 +14,7 @@ import torch
 from engine_helpers import run_checked
 
 from radixkv.engine.engine import Engine
-from radixkv.engine.kv.no_components import NoComponents
+from radixkv.engine.kv.plain_memory import PlainMemory
 from radixkv.engine.types import SamplingParams
 
 pytest.importorskip("radixkv.model.families.qwen3_5")
@@ -93,7 +93,7 @@ def test_mistral_with_blockhash_keeps_the_full_pool_path(
     engine = Engine(
         str(path), device="cpu", dtype="float32", cache="blockhash", num_slots=1024, page_size=4
     )
-    assert isinstance(engine.kv.comp, NoComponents)
+    assert isinstance(engine.kv.comp, PlainMemory)
     sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     outs = run_checked(engine, [prompt, prompt], sp)
     assert [o.output_token_ids for o in outs] == [_hf_greedy(hf, prompt, 4)] * 2

@@ -24,16 +24,21 @@ end of a request (exact when kv_len is page-aligned, else the last page boundary
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.hybrid.components import Components, Freed, HybridMatch, HybridPrefixCache
+from radixkv.engine.kv import hybrid_fork
+from radixkv.engine.kv.hybrid_load import load_components
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import ModelPools, PoolSpec
 from radixkv.memory.req_table import ReqToTokenTable
+
+if TYPE_CHECKING:
+    from radixkv.engine.kv.kv_manager import KVManager
 
 
 class ComponentMemory:
@@ -141,6 +146,23 @@ class ComponentMemory:
 
     def forget_match(self, req: Request) -> None:
         self._swa_prefix.pop(id(req), None)
+
+    def load(
+        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        """Continue a locked match from the host tier, every component voting
+        (engine/kv/hybrid_load.py)."""
+        return load_components(kv, self, req, length, slots)
+
+    # -- forks (n > 1): copies of the parent's own SWA K/V and state (engine/kv/hybrid_fork.py)
+    def reserve_fork(self, parent: Request) -> tuple[list[int], int] | None:
+        return hybrid_fork.reserve_fork(self, parent)
+
+    def unreserve_fork(self, held: tuple[list[int], int]) -> None:
+        hybrid_fork.unreserve_fork(self, held)
+
+    def bind_fork(self, parent: Request, child: Request, held: tuple[list[int], int]) -> None:
+        hybrid_fork.bind_fork(self, parent, child, held)
 
     def reserve(self, req: Request) -> bool:
         """Take the working state slot before binding; False when none can be had."""

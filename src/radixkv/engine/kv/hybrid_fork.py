@@ -11,8 +11,12 @@ admitted like any request instead.
 
 from __future__ import annotations
 
-from radixkv.engine.kv.components_kv import ComponentMemory
+from typing import TYPE_CHECKING
+
 from radixkv.engine.request import Request
+
+if TYPE_CHECKING:
+    from radixkv.engine.kv.components_kv import ComponentMemory
 
 
 def reserve_fork(comp: ComponentMemory, parent: Request) -> tuple[list[int], int] | None:

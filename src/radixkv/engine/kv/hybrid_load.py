@@ -16,20 +16,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.hybrid_tiers import HybridLoadPlan, HybridTierManager
 
 if TYPE_CHECKING:
+    from radixkv.engine.kv.components_kv import ComponentMemory
     from radixkv.engine.kv.kv_manager import KVManager
 
 
 def load_components(
-    kv: KVManager, req: Request, length: int, slots: np.ndarray
+    kv: KVManager, comp: ComponentMemory, req: Request, length: int, slots: np.ndarray
 ) -> tuple[int, np.ndarray]:
-    """Extend req's locked match of `length` tokens from L2; the new (length, FULL slots)."""
-    tiers, comp = kv.tiers, kv.comp
-    if not isinstance(tiers, HybridTierManager) or not isinstance(comp, ComponentMemory):
+    """Extend req's locked match of `length` tokens from L2; the new (length, FULL slots).
+    `comp` is the KV manager's tree-side memory (`kv.comp`)."""
+    tiers = kv.tiers
+    if not isinstance(tiers, HybridTierManager):
         return length, slots
     if comp.cache is None:
         return length, slots
@@ -42,13 +43,14 @@ def load_components(
     comp.cache.lock(guard)
     try:
         l1_full = shared if guard is not None else length
-        return _load(kv, tiers, req, length, slots, l1_full, tree_full)
+        return _load(kv, comp, tiers, req, length, slots, l1_full, tree_full)
     finally:
         comp.cache.unlock(guard)
 
 
 def _load(
     kv: KVManager,
+    comp: ComponentMemory,
     tiers: HybridTierManager,
     req: Request,
     length: int,
@@ -58,12 +60,11 @@ def _load(
 ) -> tuple[int, np.ndarray]:
     """`load_components` once the tree's FULL K/V up to `l1_full` tokens (`tree_full`) is
     protected from eviction."""
-    comp = kv.comp
-    assert isinstance(comp, ComponentMemory) and comp.cache is not None
+    assert comp.cache is not None
     plan = tiers.plan_load(req, length, l1_full)
     if plan is None:
         return length, slots
-    got = _alloc(kv, plan)
+    got = _alloc(kv, comp, plan)
     if got is None:
         tiers.load_components(plan, None)  # ends the plan's reservation, copies nothing
         return length, slots
@@ -104,10 +105,10 @@ def _load(
     return m.length, np.asarray(m.slots[: m.length], dtype=np.int64)
 
 
-def _alloc(kv: KVManager, plan: HybridLoadPlan) -> tuple[list[int], list[int], int] | None:
+def _alloc(
+    kv: KVManager, comp: ComponentMemory, plan: HybridLoadPlan
+) -> tuple[list[int], list[int], int] | None:
     """Device memory of every component for `plan`, or None (nothing kept) when short."""
-    comp = kv.comp
-    assert isinstance(comp, ComponentMemory)
     full = kv.alloc(len(plan.host_pages))
     if full is None:
         return None

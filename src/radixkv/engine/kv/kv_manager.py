@@ -11,12 +11,13 @@ The host/storage tiers (`tiers`, engine/tiers/manager.py; `NoTiers` when there a
 what the tree did and hand back load plans; they never move a device slot themselves. Requests held
 at arrival for their storage pages wait in `held` (`hold_for_storage`, `poll_tiers`).
 
-Hybrid models (SWA / STATE components) have `comp` (engine/kv/components_kv.py), which owns those
-pools' bookkeeping and the hybrid tree (`radixkv.cache.HybridCache`): every call that moves data
-in or out of that tree goes through it. A FULL-only model's `comp` is `NoComponents`, whose
-per-request hooks do nothing. `cache` is whichever tree there is, seen through the
-contract every design shares (`PrefixIndex`: match, locks, sizes, checks); `plain` is the same
-object when it is a FULL-only cache (`PrefixCache`: insert / evict / reset of FULL slots).
+Every call that moves data in or out of the tree goes through `comp`, the tree-side memory, one
+set of calls whatever the model: `PlainMemory` (engine/kv/plain_memory.py) for a FULL-only model,
+whose per-request hooks do nothing, or `ComponentMemory` (engine/kv/components_kv.py) for a
+hybrid one, which also owns the SWA / STATE pools' bookkeeping and the hybrid tree
+(`radixkv.cache.HybridCache`). This class never asks which it has. `cache` is the tree, seen
+through the contract every design shares (`PrefixIndex`: match, locks, sizes, checks); None when
+the cache is off.
 """
 
 from __future__ import annotations
@@ -25,13 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.cache.base import MatchResult, PrefixCache, PrefixIndex
+from radixkv.cache.base import PrefixCache, PrefixIndex
 from radixkv.engine.events.kv_events import NULL_SINK, EventSink
-from radixkv.engine.kv import hybrid_fork
 from radixkv.engine.kv.components_kv import ComponentMemory
-from radixkv.engine.kv.hybrid_load import load_components
-from radixkv.engine.kv.no_components import NoComponents
-from radixkv.engine.kv.tier_load import load_pages
+from radixkv.engine.kv.plain_memory import PlainMemory
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.prefetch import PrefetchHold
 from radixkv.engine.tiers.tier_setup import NoTiers, Tiers
@@ -58,17 +56,16 @@ class KVManager:
             raise ValueError("ComponentMemory must free FULL slots into this allocator")
         self.allocator = allocator
         self.table = table
-        self.plain = cache
         self.cache: PrefixIndex | None = cache if comp is None else comp.cache
         self.page_size = allocator.page_size
-        # The hybrid components' memory, or its null object for a FULL-only model: per-request
-        # hooks are called unconditionally; tree-level calls ask isinstance(ComponentMemory).
-        self.comp: ComponentMemory | NoComponents = comp if comp is not None else NoComponents()
+        # The tree-side memory (see the module docstring); every hook is called unconditionally.
+        self.comp: ComponentMemory | PlainMemory = (
+            comp if comp is not None else PlainMemory(cache, allocator, events)
+        )
         self.tiers: Tiers = tiers if tiers is not None else NoTiers()
-        if comp is not None:
-            comp.tiers = self.tiers
+        self.comp.tiers = self.tiers
         self.held = PrefetchHold()
-        # KV events hooks: every `self.events.` call below.
+        # KV events hooks: every `self.events.` call below (and PlainMemory's).
         self.events = events
 
     # -- allocation ---------------------------------------------------------------------------
@@ -81,14 +78,7 @@ class KVManager:
         """`num_pages` pages, evicting unlocked cached prefixes when short; None if impossible."""
         pages = self.allocator.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
-            short = (num_pages - self.allocator.free_pages) * self.page_size
-            if isinstance(self.comp, ComponentMemory):
-                self.comp.evict_full(short)
-            elif self.plain is not None:
-                evicted = self.plain.evict(short)
-                self.tiers.on_evict(evicted)  # write_back demotes before the slots are freed
-                self.events.removed(evicted)  # KV events hook
-                self.allocator.free_slots_of_pages(evicted)
+            self.comp.evict_full((num_pages - self.allocator.free_pages) * self.page_size)
             pages = self.allocator.alloc_pages(num_pages)
         return pages
 
@@ -101,12 +91,7 @@ class KVManager:
         """Lock the longest cached prefix of all but the last token; (length, slots)."""
         if self.cache is None:
             return 0, np.empty(0, dtype=np.int64)
-        query = req.tokens[: len(req.tokens) - 1]
-        m: MatchResult
-        if isinstance(self.comp, ComponentMemory):
-            m = self.comp.match(req, query)
-        else:
-            m = self.cache.match(query, req.namespace)
+        m = self.comp.match(req, req.tokens[: len(req.tokens) - 1])
         if m.length > 0:
             self.cache.lock(m.handle)
             req.handle = m.handle
@@ -124,9 +109,7 @@ class KVManager:
         this allocates device memory, the tiers copy them down, this inserts them into the tree
         and moves req's lock onto the longer prefix (engine/kv/tier_load.py; hybrid_load.py for a
         hybrid model, whose every component votes). Returns the new (length, slots)."""
-        if isinstance(self.comp, ComponentMemory):
-            return load_components(self, req, length, slots)
-        return load_pages(self, req, length, slots)
+        return self.comp.load(self, req, length, slots)
 
     def hold_for_storage(self, req: Request) -> bool:
         """At arrival, with L3 storage: start fetching the prompt's pages past what L1 and L2
@@ -208,16 +191,14 @@ class KVManager:
             return None
         # Hybrid: the child also needs its own SWA pages and working state slot (copy-on-write
         # copies of the parent's, taken first so that a failure below can give them back).
-        comp = self.comp if isinstance(self.comp, ComponentMemory) else None
-        held = hybrid_fork.reserve_fork(comp, parent) if comp is not None else None
-        if comp is not None and held is None:
+        held = self.comp.reserve_fork(parent)
+        if held is None:
             return None
         ps = self.page_size
         pre, kv_len = parent.prefix_len, parent.kv_len
         pages = self.alloc(self.allocator.pages_for(kv_len + 1) - pre // ps)
         if pages is None:
-            if comp is not None and held is not None:
-                hybrid_fork.unreserve_fork(comp, held)
+            self.comp.unreserve_fork(held)
             return None
         if parent.handle is not None and self.cache is not None:
             self.cache.lock(parent.handle)
@@ -226,8 +207,7 @@ class KVManager:
         self.table.write(row, pre, self.allocator.page_slots(pages))
         child.row, child.prefix_len, child.kv_len = row, pre, kv_len
         child.handle, child.own_pages = parent.handle, pages
-        if comp is not None and held is not None:
-            hybrid_fork.bind_fork(comp, parent, child, held)
+        self.comp.bind_fork(parent, child, held)
         return (
             self.table.get_numpy(parent.row, pre, kv_len),
             self.table.get_numpy(row, pre, kv_len),
@@ -239,13 +219,7 @@ class KVManager:
         leading pages of `own_pages` the cache now owns or were freed (the tree adopted them),
         and the handle covering tokens[:aligned]."""
         slots = self.table.get_numpy(req.row, 0, aligned)
-        if isinstance(self.comp, ComponentMemory):
-            cached, handle = self.comp.insert(req, slots, aligned, finishing)
-        else:
-            assert self.plain is not None
-            cached, handle = self.plain.insert(
-                req.tokens[:aligned], slots, req.namespace, priority=req.options.priority
-            )
+        cached, handle = self.comp.insert(req, slots, aligned, finishing)
         self.tiers.on_insert(req, slots, cached, aligned)
         if cached < aligned:  # KV events hook: the tree adopted [cached, aligned)
             self.events.stored(req.tokens, slots, cached, aligned, req.namespace, req.prefix_len)
@@ -327,18 +301,7 @@ class KVManager:
     # -- whole-pool operations ----------------------------------------------------------------
     def flush(self, idle: bool) -> None:
         """Drop every unlocked cached prefix (everything, when no request holds a lock)."""
-        if isinstance(self.comp, ComponentMemory):
-            self.comp.flush(idle)
-        elif self.plain is None:
-            return
-        elif idle:
-            self.allocator.free_slots_of_pages(self.plain.reset())
-            self.events.cleared()  # KV events hook
-        else:
-            evicted = self.plain.evict(self.plain.evictable_size)
-            self.tiers.on_evict(evicted, demote=False)
-            self.events.removed(evicted)  # KV events hook
-            self.allocator.free_slots_of_pages(evicted)
+        self.comp.flush(idle)
         self.tiers.flush(device_reset=idle)
 
     def census(self, running: list[Request]) -> tuple[int, int, int]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from radixkv.cache.base import PrefixCache
 from radixkv.engine.request import Request
 
 if TYPE_CHECKING:
@@ -20,13 +21,13 @@ if TYPE_CHECKING:
 
 
 def load_pages(
-    kv: KVManager, req: Request, length: int, slots: np.ndarray
+    kv: KVManager, cache: PrefixCache, req: Request, length: int, slots: np.ndarray
 ) -> tuple[int, np.ndarray]:
-    """Extend req's locked match of `length` tokens (`slots`) from L2; the new (length, slots)."""
+    """Extend req's locked match of `length` tokens (`slots`) in `cache`, the FULL-only tree,
+    from L2; the new (length, slots)."""
     plan = kv.tiers.plan_load(req, length)
     if plan is None:
         return length, slots
-    assert kv.plain is not None
     dev_pages = None
     try:
         dev_pages = kv.alloc(len(plan.host_pages))
@@ -36,7 +37,7 @@ def load_pages(
         return length, slots
     new_len = length + len(dev_pages) * kv.page_size
     full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
-    cached, handle = kv.plain.insert(
+    cached, handle = cache.insert(
         req.tokens[:new_len], full, req.namespace, priority=req.options.priority
     )
     if cached != length:  # single-threaded: the locked prefix is exactly what was there
@@ -44,7 +45,7 @@ def load_pages(
     kv.tiers.on_insert(req, full, cached, new_len)
     kv.events.stored(req.tokens, full, length, new_len, req.namespace, length)  # KV events
     # The tree adopted every slot of `full` ([0, length) were its own already).
-    kv.plain.lock(handle)
+    cache.lock(handle)
     kv.unlock(req)
     req.handle = handle
     return new_len, full
