@@ -13,9 +13,8 @@ from radixkv.memory.hybrid import ModelPools, PoolSpec, StateLayerSpec, StatePoo
 from radixkv.memory.pool import KVPool
 from radixkv.model import UnsupportedArchitectureError, load_model
 from radixkv.model.batch import ForwardBatch
-from radixkv.model.config import LlamaConfig
+from radixkv.model.config import LlamaConfig, kind_indices, layer_kinds
 from radixkv.model.families.deltanet import chunked, prepare_qk, recurrent_step
-from radixkv.model.families.hybrid import kind_indices, layer_kinds
 from radixkv.model.registry import load_config
 
 

@@ -1,5 +1,7 @@
 """radixkv.model: Llama-family checkpoints (Llama/SmolLM2, Qwen2, Qwen3, Mistral) over the KV pool,
-and hybrid ones (Gemma 3, Qwen3.5, Qwen3-Next, LFM2) over component pools (memory.hybrid).
+and hybrid ones (Gemma 3, Qwen3.5, Qwen3-Next, LFM2) over component pools (memory.hybrid), all on
+one model skeleton (radixkv.model.families.skeleton) and one config base (config.ModelConfig);
+radixkv.model.registry is the table of architectures.
 
 Usage::
 

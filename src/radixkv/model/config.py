@@ -1,96 +1,179 @@
-"""The Llama family's configuration parsed from a Hugging Face `config.json`, and the parsing
-helpers every family's config shares.
+"""The one config base every family's config extends (`ModelConfig`: what the engine and the
+model skeleton read), the Llama family's configuration, and the parsing helpers every family's
+config shares.
 
-One frozen dataclass covers the Llama family (Llama/SmolLM2, Qwen2, Qwen3, Mistral); the
-per-family differences are plain flags (`qkv_bias`, `qk_norm`, per-layer sliding windows), so the
-model code has no architecture switch statements. Which class parses which architecture is
-radixkv.model.registry's table.
+`ModelConfig` holds the fields parsed one way from any Hugging Face `config.json` (shapes, norm
+epsilon, tied embeddings, EOS / BOS ids, per-layer kinds) and derives the pools the model needs
+(`pool_spec`). A family's config is a frozen dataclass subclass with its own `from_dict`. The
+Llama family (Llama/SmolLM2, Qwen2, Qwen3, Mistral) is one of them: its per-family differences are
+plain flags (`qkv_bias`, `qk_norm`, per-layer sliding windows). Which class parses which
+architecture is radixkv.model.registry's table.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from radixkv.memory.hybrid import PoolSpec
+from radixkv.memory.hybrid import PoolSpec, StateLayerSpec
 from radixkv.memory.pool import KVPoolConfig
 from radixkv.model.registry import LLAMA_ARCHITECTURES as LLAMA_ARCHITECTURES
 from radixkv.model.registry import UnsupportedArchitectureError as UnsupportedArchitectureError
 from radixkv.model.registry import architecture, family
 
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3", "linear")
+# Layer kinds: "full" (attention over the FULL pool), "swa" (sliding-window attention over the SWA
+# pool), "state" (recurrent / convolution layers over the StatePool).
+KINDS = ("full", "swa", "state")
+# HF `layer_types` entries → our kinds.
+_HF_KINDS = {
+    "full_attention": "full",
+    "attention": "full",
+    "sliding_attention": "swa",
+    "linear_attention": "state",
+    "conv": "state",
+    "mamba": "state",
+}
+
+
+def layer_kinds(raw: dict[str, Any], num_layers: int) -> tuple[str, ...]:
+    """Per-layer kinds from HF `layer_types`; without it, a `sliding_window` means all-sliding."""
+    types = raw.get("layer_types")
+    if types is None:
+        kind = "swa" if raw.get("sliding_window") else "full"
+        return (kind,) * num_layers
+    if len(types) != num_layers:
+        raise UnsupportedArchitectureError(
+            f"layer_types has {len(types)} entries, not {num_layers}"
+        )
+    unknown = sorted({t for t in types if t not in _HF_KINDS})
+    if unknown:
+        raise UnsupportedArchitectureError(f"unsupported layer types {unknown}")
+    return tuple(_HF_KINDS[t] for t in types)
+
+
+def kind_indices(kinds: Sequence[str]) -> tuple[int, ...]:
+    """For each layer, its index among the layers of the same kind (= its pool layer)."""
+    seen = dict.fromkeys(KINDS, 0)
+    out = []
+    for k in kinds:
+        out.append(seen[k])
+        seen[k] += 1
+    return tuple(out)
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    """Everything the model, the KV pool and the engine need to know about a Llama-family
-    checkpoint."""
+class ModelConfig:
+    """What the engine and the model skeleton read from any family's config. The i-th layer of
+    a kind uses layer `kind_indices(layer_kinds)[i]` of that kind's pool. Families subclass it
+    (frozen dataclasses with a `from_dict(raw, gen)`), and override `state_layer_specs` if they
+    have state layers, `layer_window` / `attn_scale` / `embed_scale` / `final_softcap` where
+    they differ from the plain decoder."""
 
     architecture: str
     num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int
     rms_norm_eps: float
-    rope_theta: float
-    # None, or a dict of the llama3/linear parameters (HF `rope_scaling` / `rope_parameters`).
-    rope_scaling: tuple[tuple[str, Any], ...] | None
     tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    # Model-level window (None if the checkpoint has none); `layer_windows[i]` is the window that
-    # layer i actually applies (None = full causal attention).
+    layer_kinds: tuple[str, ...]
+    # The model-level window (None if the checkpoint has none): what "swa" layers apply.
     sliding_window: int | None
-    layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     torch_dtype: str | None
 
+    @staticmethod
+    def common(raw: dict[str, Any], gen: dict[str, Any] | None, **over: Any) -> dict[str, Any]:
+        """The base fields parsed from an HF config dict (`over` replaces any of them)."""
+        fields = base_fields(raw, gen)
+        fields["architecture"] = (raw.get("architectures") or ["?"])[0]
+        fields["layer_kinds"] = layer_kinds(raw, fields["num_layers"])
+        fields["sliding_window"] = _opt_int(raw.get("sliding_window"))
+        fields.update(over)
+        if "swa" in fields["layer_kinds"] and not fields["sliding_window"]:
+            raise UnsupportedArchitectureError("sliding layers without a sliding_window")
+        return fields
+
+    def state_layer_specs(self) -> tuple[StateLayerSpec, ...]:
+        """Per-slot state tensors of each state layer (families with state layers override)."""
+        if "state" in self.layer_kinds:
+            raise NotImplementedError(f"{type(self).__name__} has state layers but no state spec")
+        return ()
+
+    def count(self, kind: str) -> int:
+        return sum(1 for k in self.layer_kinds if k == kind)
+
+    def layer_window(self, index: int) -> int | None:
+        """The window attention layer `index` applies (None: full causal attention)."""
+        return self.sliding_window if self.layer_kinds[index] == "swa" else None
+
     @property
-    def layer_kinds(self) -> tuple[str, ...]:
-        """ "swa" for every layer of an all-sliding model (Mistral), else "full" for all: a model
-        mixing windowed and full layers (Qwen2/3 `max_window_layers`) keeps every layer in the
-        FULL pool, where the window is applied by attention."""
-        w = self.layer_windows
-        if w and w[0] is not None and all(x == w[0] for x in w):
-            return ("swa",) * self.num_layers
-        return ("full",) * self.num_layers
+    def attn_scale(self) -> float:
+        """The attention score scale of every attention layer."""
+        return float(self.head_dim**-0.5)
+
+    @property
+    def embed_scale(self) -> float | None:
+        """What the embeddings are multiplied by (None: nothing)."""
+        return None
+
+    @property
+    def final_softcap(self) -> float | None:
+        """Final logit soft-capping: cap * tanh(logits / cap) (None: none)."""
+        return None
 
     def pool_spec(self) -> PoolSpec:
-        """The components this model needs: FULL only, or SWA only (all-sliding)."""
-        swa = self.layer_kinds[0] == "swa" if self.num_layers else False
+        """The components (and shapes) this model reads and writes."""
+        has_swa = self.count("swa") > 0
         return PoolSpec(
-            num_full_layers=0 if swa else self.num_layers,
-            num_swa_layers=self.num_layers if swa else 0,
-            swa_window=self.layer_windows[0] if swa else None,
+            num_full_layers=self.count("full"),
+            num_swa_layers=self.count("swa"),
+            swa_window=self.sliding_window if has_swa else None,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
+            state_layers=self.state_layer_specs(),
         )
 
     def pool_config(
         self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
     ) -> KVPoolConfig:
-        """The KV pool shape this model reads and writes (all layers; with `pool_spec`'s
-        components, this is the FULL pool, or the SWA pool of an all-sliding model)."""
-        return KVPoolConfig(
-            num_layers=self.num_layers,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            num_slots=num_slots,
-            dtype=dtype,
-            device=device,
-        )
+        """The pool of the FULL component (of the SWA one for an all-sliding model): what a bare
+        `KVPool` passed as the model's pools must be; see `pool_spec` for every component."""
+        layers = self.count("full") or self.count("swa")
+        return KVPoolConfig(layers, self.num_kv_heads, self.head_dim, num_slots, dtype, device)
+
+
+@dataclass(frozen=True)
+class LlamaConfig(ModelConfig):
+    """A Llama-family checkpoint: the base fields plus the family's flags. `layer_kinds` is
+    "swa" for every layer of an all-sliding model (Mistral), else "full" for all: a model mixing
+    windowed and full layers (Qwen2/3 `max_window_layers`) keeps every layer in the FULL pool,
+    where `layer_windows[i]` (the window layer i applies, None = full causal) is applied by
+    attention."""
+
+    intermediate_size: int
+    rope_theta: float
+    # None, or a dict of the llama3/linear parameters (HF `rope_scaling` / `rope_parameters`).
+    rope_scaling: tuple[tuple[str, Any], ...] | None
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    layer_windows: tuple[int | None, ...]
+
+    def layer_window(self, index: int) -> int | None:
+        return self.layer_windows[index]
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -108,6 +191,8 @@ class LlamaConfig:
         base = base_fields(raw, generation_config)
         theta, scaling = _parse_rope(raw, arch)
         sliding, layer_windows = _parse_windows(raw, arch, base["num_layers"])
+        w = layer_windows
+        all_sliding = bool(w) and w[0] is not None and all(x == w[0] for x in w)
         return cls(
             **base,
             intermediate_size=int(raw["intermediate_size"]),
@@ -119,6 +204,7 @@ class LlamaConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             sliding_window=sliding,
             layer_windows=layer_windows,
+            layer_kinds=("swa" if all_sliding else "full",) * base["num_layers"],
         )
 
     @classmethod

@@ -12,9 +12,8 @@ import torch
 
 from radixkv.model.attention import AttentionBackend, select_backend
 from radixkv.model.checkpoints.weights import SafetensorsWeights
-from radixkv.model.config import LlamaConfig
-from radixkv.model.families.hybrid import HybridConfig, HybridLM
-from radixkv.model.families.llama import CausalLM
+from radixkv.model.config import ModelConfig
+from radixkv.model.families.skeleton import DecoderLM
 from radixkv.model.registry import family, load_config
 from radixkv.model.tokenizer import Tokenizer
 
@@ -24,10 +23,11 @@ __all__ = ["LoadedModel", "default_dtype", "load_config", "load_model"]
 @dataclass
 class LoadedModel:
     """`model(batch, pools)`: pools is a `memory.hybrid.ModelPools` built from
-    `config.pool_spec()`; Llama-family models also take a bare KVPool (their one component)."""
+    `config.pool_spec()`; a model with one attention component and no state layers also takes
+    a bare KVPool (that component)."""
 
-    model: CausalLM | HybridLM
-    config: LlamaConfig | HybridConfig
+    model: DecoderLM[Any]
+    config: ModelConfig
     tokenizer: Tokenizer
     path: Path
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +70,7 @@ def load_model(
     weights = SafetensorsWeights(root, dtype=dtype, device=device)
     backend = attention or select_backend(device)
     model_cls = family(config.architecture).model_class()
-    model: CausalLM | HybridLM = model_cls(config, weights.get, device=device, attention=backend)
+    model: DecoderLM[Any] = model_cls(config, weights.get, device=device, attention=backend)
     allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
     leftover = weights.unused(allowed)
     weights.close()

@@ -1,11 +1,15 @@
 """The one table of supported architectures: a checkpoint's `architectures[0]` → its family's
 config class and model class.
 
-To add an architecture: write its config (a frozen dataclass with `from_dict(raw, gen)`, or new
-flags on an existing family's config) and its model (built from the blocks of
-radixkv.model.nn.blocks, constructed as `Model(config, get, device=, attention=)`), then add one
-line here. Family modules are imported on first use, so reading a config does not import every
-family.
+To add a family: write its module (anywhere importable: ours live in radixkv.model.families) with
+its config (a radixkv.model.config.ModelConfig subclass with `from_dict(raw, gen)`, or new flags
+on an existing family's config), its layer classes (built from the blocks of
+radixkv.model.nn.blocks, or the skeleton's standard `DecoderLayer`) and its model (a
+radixkv.model.families.skeleton.DecoderLM subclass naming them, constructed as
+`Model(config, get, device=, attention=)`), then add one line here, `"Arch": Family(module,
+config class name, model class name)`. Nothing else changes: the loader, the engine, the native
+and compiled layer stacks and the pools all follow from the config and the layers.
+Family modules are imported on first use, so reading a config does not import every family.
 """
 
 from __future__ import annotations
@@ -18,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
-    from radixkv.model.config import LlamaConfig
-    from radixkv.model.families.hybrid import HybridConfig
+    from radixkv.model.config import ModelConfig
 
 # The architectures LlamaConfig parses (one family, radixkv.model.families.llama).
 LLAMA_ARCHITECTURES: tuple[str, ...] = (
@@ -34,32 +37,32 @@ class UnsupportedArchitectureError(ValueError):
     """The checkpoint's architecture (or a feature of it, e.g. RoPE scaling) is not supported."""
 
 
-AnyConfig: TypeAlias = "LlamaConfig | HybridConfig"
+AnyConfig: TypeAlias = "ModelConfig"
+OURS = "radixkv.model.families."  # where the built-in families live
 
 
 @dataclass(frozen=True)
 class Family:
-    """Where a family lives: its module under radixkv.model.families and the two class names
-    there."""
+    """Where a family lives: its module (a full dotted path) and the two class names there."""
 
     module: str
     config: str
     model: str
 
     def config_class(self) -> Any:
-        return getattr(import_module(f"radixkv.model.families.{self.module}"), self.config)
+        return getattr(import_module(self.module), self.config)
 
     def model_class(self) -> Any:
-        return getattr(import_module(f"radixkv.model.families.{self.module}"), self.model)
+        return getattr(import_module(self.module), self.model)
 
 
-_LLAMA = Family("llama", "LlamaConfig", "CausalLM")
+_LLAMA = Family(OURS + "llama", "LlamaConfig", "CausalLM")
 ARCHITECTURES: dict[str, Family] = {
     **dict.fromkeys(LLAMA_ARCHITECTURES, _LLAMA),
-    "Gemma3ForCausalLM": Family("gemma3", "Gemma3Config", "Gemma3LM"),
-    "Qwen3_5ForCausalLM": Family("qwen3_5", "Qwen35Config", "Qwen35LM"),
-    "Lfm2ForCausalLM": Family("lfm2", "Lfm2Config", "Lfm2LM"),
-    "Qwen3NextForCausalLM": Family("qwen3_next", "Qwen3NextConfig", "Qwen3NextLM"),
+    "Gemma3ForCausalLM": Family(OURS + "gemma3", "Gemma3Config", "Gemma3LM"),
+    "Qwen3_5ForCausalLM": Family(OURS + "qwen3_5", "Qwen35Config", "Qwen35LM"),
+    "Lfm2ForCausalLM": Family(OURS + "lfm2", "Lfm2Config", "Lfm2LM"),
+    "Qwen3NextForCausalLM": Family(OURS + "qwen3_next", "Qwen3NextConfig", "Qwen3NextLM"),
 }
 
 

@@ -14,10 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixkv.memory.hybrid import ModelPools
 from radixkv.model.attention import AttentionBackend
-from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.families.hybrid import HybridConfig, HybridLM, Step
-from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, Weights
+from radixkv.model.batch import ForwardBatch
+from radixkv.model.config import ModelConfig, UnsupportedArchitectureError, _parse_rope
+from radixkv.model.families.skeleton import DecoderLM, Forward, Rope
+from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, WeightGetter, Weights
 from radixkv.model.nn.layers import rms_norm_1p, rope_cos_sin, rope_inv_freq
 
 ARCH = "Gemma3ForCausalLM"
@@ -25,7 +27,7 @@ _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
 
 
 @dataclass(frozen=True)
-class Gemma3Config(HybridConfig):
+class Gemma3Config(ModelConfig):
     # (theta, scaling) per kind: "full" uses the global base, "swa" the local one.
     rope_full: tuple[float, tuple[tuple[str, Any], ...] | None] = (1_000_000.0, None)
     rope_swa: tuple[float, tuple[tuple[str, Any], ...] | None] = (10_000.0, None)
@@ -62,6 +64,18 @@ class Gemma3Config(HybridConfig):
             activation=act,
         )
 
+    @property
+    def attn_scale(self) -> float:
+        return float(self.query_pre_attn_scalar**-0.5)
+
+    @property
+    def embed_scale(self) -> float | None:
+        return float(self.hidden_size**0.5)
+
+    @property
+    def final_softcap(self) -> float | None:
+        return self.final_logit_softcapping
+
 
 def _rope_params(
     raw: dict[str, Any],
@@ -84,7 +98,23 @@ def _rope_params(
     return out[0], out[1]
 
 
+@dataclass(frozen=True)
+class Gemma3Ropes:
+    """This step's RoPE tables: the global base's for full layers, the local base's for sliding
+    ones (None for a kind the model does not have)."""
+
+    full: Rope | None
+    swa: Rope | None
+
+    def of(self, kind: str) -> Rope:
+        rope = self.swa if kind == "swa" else self.full
+        assert rope is not None
+        return rope
+
+
 class Gemma3Layer(nn.Module):
+    """Pre- and post-norms around both attention and MLP, all (1 + w) RMSNorms; GELU MLP."""
+
     def __init__(self, cfg: Gemma3Config, index: int, w: Weights) -> None:
         super().__init__()
         self.kind = cfg.layer_kinds[index]
@@ -111,47 +141,40 @@ class Gemma3Layer(nn.Module):
         act = "gelu_tanh" if cfg.activation == "gelu_pytorch_tanh" else "gelu"
         self.mlp = GatedMLP(w.sub("mlp."), act=act)
 
-    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fwd: Forward[Gemma3Ropes]) -> torch.Tensor:
         n_in, n_post_attn, n_pre_ff, n_post_ff = self.norms
-        cos, sin = step.cache["rope_" + self.kind]
-        h = self.attn(rms_norm_1p(x, n_in, self.eps), cos, sin, step.kv)
+        rope = fwd.prep.of(self.kind)
+        h = self.attn(rms_norm_1p(x, n_in, self.eps), rope.cos, rope.sin, fwd.kv)
         x = x + rms_norm_1p(h, n_post_attn, self.eps)
-        h = self.mlp(rms_norm_1p(x, n_pre_ff, self.eps), step.kv)
+        h = self.mlp(rms_norm_1p(x, n_pre_ff, self.eps), fwd.kv)
         return x + rms_norm_1p(h, n_post_ff, self.eps)
 
 
-class Gemma3LM(HybridLM):
+class Gemma3LM(DecoderLM[Gemma3Ropes]):
+    layer_cls = Gemma3Layer
+    final_norm_kind = "rms_1p"
+
     def __init__(
         self,
         cfg: Gemma3Config,
-        get: Any,
+        get: WeightGetter,
         device: str = "cpu",
         attention: AttentionBackend | None = None,
     ) -> None:
         if "state" in cfg.layer_kinds:
             raise UnsupportedArchitectureError(f"{ARCH}: recurrent layers are not supported")
-        w = Weights(get)
-        super().__init__(cfg, w, device, attention)
-        self.layers = nn.ModuleList(
-            Gemma3Layer(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
-        )
-        self.norm = w.need("model.norm.weight")
-        self.eps = cfg.rms_norm_eps
-        self.embed_scale = cfg.hidden_size**0.5
-        self.final_softcap = cfg.final_logit_softcapping
-        self.attn_scale = cfg.query_pre_attn_scalar**-0.5
+        super().__init__(cfg, get, device, attention)
         self.inv_freq_full: torch.Tensor
         self.inv_freq_swa: torch.Tensor
         for kind, (theta, scaling) in (("full", cfg.rope_full), ("swa", cfg.rope_swa)):
             inv = rope_inv_freq(cfg.head_dim, theta, None if scaling is None else dict(scaling))
             self.register_buffer(f"inv_freq_{kind}", inv.to(device), persistent=False)
 
-    def prepare(self, step: Step) -> None:
-        for kind in ("full", "swa"):
-            if kind in self.config.layer_kinds:
-                inv = self.inv_freq_full if kind == "full" else self.inv_freq_swa
-                step.cache["rope_" + kind] = rope_cos_sin(step.positions, inv, self.dtype)
-
-    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.norm is not None
-        return rms_norm_1p(x, self.norm, self.eps)
+    def prepare(self, batch: ForwardBatch, pools: ModelPools | None) -> Gemma3Ropes:
+        kinds = self.config.layer_kinds
+        full = swa = None
+        if "full" in kinds:
+            full = Rope(*rope_cos_sin(batch.positions, self.inv_freq_full, self.dtype))
+        if "swa" in kinds:
+            swa = Rope(*rope_cos_sin(batch.positions, self.inv_freq_swa, self.dtype))
+        return Gemma3Ropes(full, swa)

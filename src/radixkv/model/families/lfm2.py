@@ -15,15 +15,20 @@ from torch import nn
 
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
-from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
-from radixkv.model.families.hybrid import HybridConfig, Step, kind_indices
-from radixkv.model.families.state_layers import RopeStateLM, StateMeta, causal_conv
-from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, Weights
+from radixkv.model.config import (
+    ModelConfig,
+    UnsupportedArchitectureError,
+    _parse_rope,
+    kind_indices,
+)
+from radixkv.model.families.skeleton import Forward
+from radixkv.model.families.state_layers import RopeState, RopeStateLM, causal_conv
+from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, WeightGetter, Weights
 from radixkv.model.nn.layers import rms_norm
 
 
 @dataclass(frozen=True)
-class Lfm2Config(HybridConfig):
+class Lfm2Config(ModelConfig):
     rope_theta: float = 1_000_000.0
     conv_kernel: int = 3
     conv_bias: bool = False
@@ -88,42 +93,34 @@ class Lfm2Layer(nn.Module):
             )
             self.attn = Attention(spec, index, w.sub("self_attn."))
 
-    def _conv(self, h: torch.Tensor, step: Step) -> torch.Tensor:
+    def _conv(self, h: torch.Tensor, fwd: Forward[RopeState]) -> torch.Tensor:
         b, c, x = self.in_proj(h).chunk(3, dim=-1)
-        meta: StateMeta = step.cache["state"]
-        assert step.pools.state is not None
-        conv_state = step.pools.state.tensors[self.pool_layer]["conv"]
-        y = c * causal_conv(b * x, conv_state, meta, self.conv_w, self.conv_b)
+        assert fwd.pools is not None and fwd.pools.state is not None
+        conv_state = fwd.pools.state.tensors[self.pool_layer]["conv"]
+        y = c * causal_conv(b * x, conv_state, fwd.prep.meta(), self.conv_w, self.conv_b)
         return self.out_proj(y)
 
-    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fwd: Forward[RopeState]) -> torch.Tensor:
         h = rms_norm(x, self.op_norm, self.eps)
         if self.attn is None:
-            x = x + self._conv(h, step)
+            x = x + self._conv(h, fwd)
         else:
-            x = x + self.attn(h, *step.cache["rope"], step.kv)
-        return x + self.mlp(rms_norm(x, self.ffn_norm, self.eps), step.kv)
+            x = x + self.attn(h, fwd.prep.cos, fwd.prep.sin, fwd.kv)
+        return x + self.mlp(rms_norm(x, self.ffn_norm, self.eps), fwd.kv)
 
 
 class Lfm2LM(RopeStateLM):
+    layer_cls = Lfm2Layer
+    final_norm_weight = "model.embedding_norm.weight"
+
     def __init__(
         self,
         cfg: Lfm2Config,
-        get: Any,
+        get: WeightGetter,
         device: str = "cpu",
         attention: AttentionBackend | None = None,
     ) -> None:
         if "swa" in cfg.layer_kinds:
             raise UnsupportedArchitectureError("Lfm2ForCausalLM: sliding layers are not supported")
-        w = Weights(get)
-        super().__init__(cfg, w, device, attention)
-        self.layers = nn.ModuleList(
-            Lfm2Layer(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
-        )
-        self.norm = w.need("model.embedding_norm.weight")
-        self.eps = cfg.rms_norm_eps
+        super().__init__(cfg, get, device, attention)
         self.init_rope(cfg.head_dim, cfg.rope_theta, device)
-
-    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.norm is not None
-        return rms_norm(x, self.norm, self.eps)

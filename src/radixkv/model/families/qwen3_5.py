@@ -19,18 +19,29 @@ from torch import nn
 
 from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
-from radixkv.model.config import UnsupportedArchitectureError, _parse_rope
+from radixkv.model.config import (
+    ModelConfig,
+    UnsupportedArchitectureError,
+    _parse_rope,
+    kind_indices,
+)
 from radixkv.model.families import deltanet
-from radixkv.model.families.hybrid import HybridConfig, Step, kind_indices
-from radixkv.model.families.state_layers import RopeStateLM, StateMeta, causal_conv, read_state
-from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, Weights
+from radixkv.model.families.skeleton import Forward
+from radixkv.model.families.state_layers import (
+    RopeState,
+    RopeStateLM,
+    StateMeta,
+    causal_conv,
+    read_state,
+)
+from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, WeightGetter, Weights
 from radixkv.model.nn.layers import lanewise, rms_norm, rms_norm_1p
 
 ARCH = "Qwen3_5ForCausalLM"
 
 
 @dataclass(frozen=True)
-class Qwen35Config(HybridConfig):
+class Qwen35Config(ModelConfig):
     rope_theta: float = 10_000.0
     rotary_dim: int = 0
     conv_kernel: int = 4
@@ -185,38 +196,29 @@ class Qwen35Layer(nn.Module):
     def make_mlp(self, cfg: Qwen35Config, index: int, w: Weights) -> nn.Module:
         return GatedMLP(w)
 
-    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fwd: Forward[RopeState]) -> torch.Tensor:
         h = rms_norm_1p(x, self.in_norm, self.eps)
         if isinstance(self.mixer, GatedDeltaNet):
-            assert step.pools.state is not None
-            state = step.pools.state.tensors[self.pool_layer]
-            x = x + self.mixer(h, state, step.cache["state"])
+            assert fwd.pools is not None and fwd.pools.state is not None
+            state = fwd.pools.state.tensors[self.pool_layer]
+            x = x + self.mixer(h, state, fwd.prep.meta())
         else:
-            x = x + self.mixer(h, *step.cache["rope"], step.kv)
+            x = x + self.mixer(h, fwd.prep.cos, fwd.prep.sin, fwd.kv)
         return x + self.mlp(rms_norm_1p(x, self.post_norm, self.eps))
 
 
 class Qwen35LM(RopeStateLM):
-    layer_cls: type[Qwen35Layer] = Qwen35Layer
+    layer_cls = Qwen35Layer
+    final_norm_kind = "rms_1p"
 
     def __init__(
         self,
         cfg: Qwen35Config,
-        get: Any,
+        get: WeightGetter,
         device: str = "cpu",
         attention: AttentionBackend | None = None,
     ) -> None:
         if "swa" in cfg.layer_kinds:
             raise UnsupportedArchitectureError(f"{cfg.architecture}: no sliding layers supported")
-        w = Weights(get)
-        super().__init__(cfg, w, device, attention)
-        self.layers = nn.ModuleList(
-            self.layer_cls(cfg, i, w.sub(f"model.layers.{i}.")) for i in range(cfg.num_layers)
-        )
-        self.norm = w.need("model.norm.weight")
-        self.eps = cfg.rms_norm_eps
+        super().__init__(cfg, get, device, attention)
         self.init_rope(cfg.rotary_dim, cfg.rope_theta, device)
-
-    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.norm is not None
-        return rms_norm_1p(x, self.norm, self.eps)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from radixkv.memory.hybrid import StatePool
+from radixkv.memory.hybrid import ModelPools, StatePool
 from radixkv.model.batch import ForwardBatch
-from radixkv.model.families.hybrid import HybridLM, Step
+from radixkv.model.families.skeleton import DecoderLM, Rope
 from radixkv.model.nn.layers import rope_cos_sin, rope_inv_freq
 
 
@@ -156,8 +156,20 @@ def causal_conv(
     return out
 
 
-class RopeStateLM(HybridLM):
-    """A hybrid LM whose attention layers share one RoPE table and whose state layers read the
+@dataclass(frozen=True)
+class RopeState(Rope):
+    """One RoPE table for every attention layer, and the state layers' per-request grouping
+    (None for a model without state layers)."""
+
+    state: StateMeta | None
+
+    def meta(self) -> StateMeta:
+        assert self.state is not None
+        return self.state
+
+
+class RopeStateLM(DecoderLM[RopeState]):
+    """A model whose attention layers share one RoPE table and whose state layers read the
     per-request state metadata (Qwen3.5, Qwen3-Next, LFM2): both built once per forward."""
 
     def init_rope(self, rotary_dim: int, theta: float, device: str) -> None:
@@ -165,7 +177,9 @@ class RopeStateLM(HybridLM):
         inv = rope_inv_freq(rotary_dim, theta, None).to(device)
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def prepare(self, step: Step) -> None:
-        step.cache["rope"] = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
-        if self.spec.has_state:
-            step.cache["state"] = StateMeta.build(step.batch, step.pools.state, self.device)
+    def prepare(self, batch: ForwardBatch, pools: ModelPools | None) -> RopeState:
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
+        state = None
+        if self.pool_spec.has_state:
+            state = StateMeta.build(batch, None if pools is None else pools.state, self.device)
+        return RopeState(cos, sin, state)

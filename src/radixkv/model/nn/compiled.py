@@ -1,4 +1,5 @@
-"""The compiled layer stack: torch.compile (inductor, C++ codegen on CPU) of all decoder layers.
+"""The compiled layer stack: torch.compile (inductor, C++ codegen on CPU) of all decoder layers of
+a model whose layers are the skeleton's standard, stackable `DecoderLayer` (any family).
 
 Dynamo traces the 30-odd layers into one graph in which the two non-element-wise calls are custom
 ops it does not look into: `radixkv::packed_linear` (the oneDNN-packed projections) and
@@ -26,7 +27,7 @@ from radixkv.model.nn.linear import LIB, PackedLinear
 
 if TYPE_CHECKING:
     from radixkv.model.attention import KVStep
-    from radixkv.model.families.llama import DecoderLayer
+    from radixkv.model.families.skeleton import DecoderLayer
 
 # The context of the forward in progress; set only while a compiled stack runs (one engine thread
 # runs the model, so one slot suffices).
@@ -81,7 +82,7 @@ class CompiledStack:
 
     def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x, cos, sin, _OPS)
+            x = layer.block(x, cos, sin, _OPS)
         return x
 
     def __call__(

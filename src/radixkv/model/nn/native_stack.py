@@ -1,4 +1,4 @@
-"""A Llama-family model's decoder layers as one C++ call (`kernels/stack.cpp`).
+"""A model's standard decoder layers as one C++ call (`kernels/stack.cpp`).
 
 The eager layer makes about twenty calls per layer (norms, projections, RoPE, the pool write,
 attention, residual adds), each through the Python interpreter and torch's dispatcher; on the
@@ -7,13 +7,16 @@ calls, on the same tensors and in the same order, to a C++ loop over the layers,
 is bit-identical to the eager layers' (tests/model/test_native_stack.py checks it in float32
 and bfloat16, for decode, prefill, chunked and mixed batches) and only the overhead goes.
 
-It serves a model whose every layer the C++ kernels cover: the row-invariant GEMM for every
-projection, RMSNorm (optionally per-head on Q and K), RoPE on the whole head, SiLU MLP, the C++
-decode and extend attention kernels (the `TorchAttention` backend with both: the stack is that
-backend's fused form, and makes its KV write, at the metadata's out slots, inside the C++ layer
-loop); and a forward whose pool holds K/V in the model's dtype.
-Anything else (another backend, Gemma's norms, a partial rotary dim, the kernels off, a
-compiled model) keeps the eager (or compiled) path. $RADIXKV_NATIVE_STACK=0 turns it off.
+It serves a model of any family whose every layer is the skeleton's standard, stackable
+`DecoderLayer` (radixkv.model.families.skeleton), all of one shape, and which the C++ kernels
+cover: the row-invariant GEMM for every projection, RMSNorm (optionally per-head on Q and K),
+RoPE on the whole head, SiLU MLP, the C++ decode and extend attention kernels (the
+`TorchAttention` backend with both: the stack is that backend's fused form, and makes its KV
+write, at the metadata's out slots, inside the C++ layer loop), one attention scale; and a
+forward over one KV component (FULL, or SWA for an all-sliding model) whose pool holds K/V in
+the model's dtype. Anything else (another backend, other layers such as Gemma's norms or state
+layers, a partial rotary dim, both FULL and SWA components, the kernels off, a compiled model)
+keeps the eager (or compiled) path. $RADIXKV_NATIVE_STACK=0 turns it off.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from radixkv.model.attention import TorchAttention
 
 if TYPE_CHECKING:
     from radixkv.model.attention import KVStep
-    from radixkv.model.families.llama import CausalLM, DecoderLayer
+    from radixkv.model.families.skeleton import DecoderLayer, DecoderLM
 
 
 def _layer_ok(layer: DecoderLayer, dtype: torch.dtype) -> bool:
@@ -49,6 +52,11 @@ def _layer_ok(layer: DecoderLayer, dtype: torch.dtype) -> bool:
     )
 
 
+def _shape(layer: DecoderLayer) -> tuple[int, int, int, float]:
+    s = layer.attn.spec
+    return (s.num_heads, s.num_kv_heads, s.head_dim, layer.eps)
+
+
 class NativeStack:
     """`stack(x, cos, sin, ctx)` = the decoder layers applied in order, in one C++ call.
     Build with `NativeStack.of(model)` (None where it cannot serve the model); `serves(ctx)`
@@ -58,7 +66,7 @@ class NativeStack:
         self.impl = impl
 
     @classmethod
-    def of(cls, model: CausalLM) -> NativeStack | None:
+    def of(cls, model: DecoderLM[Any]) -> NativeStack | None:
         if os.environ.get("RADIXKV_NATIVE_STACK", "1") == "0" or model.device.type != "cpu":
             return None
         backend = model.attention
@@ -71,18 +79,22 @@ class NativeStack:
         from radixkv.model.kernels import cpu_kernels
 
         module = cpu_kernels()
-        layers = model.decoder_layers
-        if module is None or not hasattr(module, "DecoderStack") or not layers:
+        if module is None or not hasattr(module, "DecoderStack") or not model.stackable:
             return None
-        if not all(_layer_ok(layer, model.dtype) for layer in layers):
+        layers = cast("list[DecoderLayer]", list(model.layers))
+        spec, eps = layers[0].attn.spec, layers[0].eps
+        shape = (spec.num_heads, spec.num_kv_heads, spec.head_dim, eps)
+        scales = {at.scale for at in model.attn_layers.values()}
+        if len(scales) != 1 or not all(
+            _layer_ok(layer, model.dtype) and _shape(layer) == shape for layer in layers
+        ):
             return None
-        spec = layers[0].attn.spec
         impl = module.DecoderStack(
             spec.num_heads,
             spec.num_kv_heads,
             spec.head_dim,
-            layers[0].eps,
-            model.config.head_dim**-0.5,
+            eps,
+            scales.pop(),
         )
         for layer in layers:
             attn, mlp = layer.attn, layer.mlp
@@ -101,8 +113,10 @@ class NativeStack:
         return cls(impl)
 
     def serves(self, x: torch.Tensor, cos: torch.Tensor, ctx: KVStep) -> bool:
-        """Whether this forward fits (the backend was checked once, in `of`): cos/sin and the
-        pool in x's dtype on the CPU, one pool layer per decoder layer."""
+        """Whether this forward fits (the backend was checked once, in `of`): one KV component,
+        cos/sin and its pool in x's dtype on the CPU, one pool layer per decoder layer."""
+        if len(ctx.pools) != 1:
+            return False
         pool, _ = ctx.only()
         return (
             cos.dtype == x.dtype
