@@ -21,6 +21,19 @@ from radixkv.model.families.llama import CausalLM
 from radixkv.model.nn.native_stack import NativeStack
 
 
+def count_native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at every call of the native stack from now on."""
+    calls: list[int] = []
+    real = NativeStack.__call__
+
+    def counted(self: NativeStack, *args: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(NativeStack, "__call__", counted)
+    return calls
+
+
 def _native_or_skip(lm: object) -> NativeStack:
     stack = lm.model.native_stack()  # type: ignore[attr-defined]
     if stack is None:
@@ -52,14 +65,7 @@ def test_native_stack_matches_the_eager_layers_bit_for_bit(
     native, eager = load_model(path, dtype=dtype), load_model(path, dtype=dtype)
     _native_or_skip(native)
     eager.model._native = None  # the eager layers
-    calls: list[int] = []
-    real = NativeStack.__call__
-
-    def counted(self: NativeStack, *args: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        return real(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(NativeStack, "__call__", counted)
+    calls = count_native_calls(monkeypatch)
     # The third request's first step is a one-token prompt: a decode row beside two extends.
     seqs = [tokens(n, seed=30 + n) for n in (42, 34, 2)]
     a = _run(native, seqs)

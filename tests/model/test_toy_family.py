@@ -15,12 +15,12 @@ from typing import Any, cast
 import pytest
 import torch
 import torch.nn.functional as F
+from test_native_stack import count_native_calls
 
 from radixkv.model.attention import select_backend
 from radixkv.model.families.skeleton import DecoderLM
 from radixkv.model.hybrid_simple import Session
 from radixkv.model.loader import LoadedModel
-from radixkv.model.nn.native_stack import NativeStack
 from radixkv.model.registry import ARCHITECTURES, Family, family, parse_config
 
 H, HEADS, KV_HEADS, D, FFN, VOCAB, LAYERS, EPS, THETA = 64, 4, 2, 16, 96, 300, 3, 1e-6, 10_000.0
@@ -185,14 +185,7 @@ def test_standard_layers_get_the_native_stack_and_the_twist_does_not(
     assert parallel.model.native_stack() is None
     if toy.model.native_stack() is None:
         pytest.skip("the native stack needs the C++ kernels (AVX-512; see the warning logged)")
-    calls: list[int] = []
-    real = NativeStack.__call__
-
-    def counted(self: NativeStack, *args: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        return real(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(NativeStack, "__call__", counted)
+    calls = count_native_calls(monkeypatch)
     native = run(toy, SEQS)
     assert len(calls) == 4  # every step of the standard family ran natively
     run(parallel, SEQS)
