@@ -1,7 +1,5 @@
 """The prefix workload in-process, closed loop, for each --decode-stall-ms value in turn:
 `python -m scripts.decode_stall --model DIR --dtype bfloat16 --stalls 0,1000,400 --reps 2`.
-A value `500:oldest` runs 500 ms with the scheduler's short-first order off
-(`Scheduler.short_first`: prefills oldest first in every step).
 
 vLLM's prefix workload's shape (PREFIXES x PER_PREFIX prompts of a PREFIX_LEN-token shared prefix
 plus SUFFIX_LEN unique tokens, OUT tokens each with ignore_eos, CONCURRENCY in flight, a new one
@@ -23,13 +21,10 @@ from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 
 
-def run_once(
-    e: Engine, stall_ms: float, shape: list[int], seed: int, short_first: bool = True
-) -> dict[str, Any]:
+def run_once(e: Engine, stall_ms: float, shape: list[int], seed: int) -> dict[str, float]:
     prefixes, per_prefix, concurrency, out, prefix_len, suffix_len = shape
     e.flush_cache()
     object.__setattr__(e.scheduler.config, "decode_stall_ms", stall_ms)
-    e.scheduler.short_first = short_first
     e.scheduler.prefill_rate = 0.0  # each run measures its own
     rng = random.Random(seed)
     heads = [[rng.randrange(100, 40000) for _ in range(prefix_len)] for _ in range(prefixes)]
@@ -62,7 +57,6 @@ def run_once(
     tpot = [(last[r] - first[r]) / max(1, count[r] - 1) for r in start]
     return {
         "stall_ms": stall_ms,
-        "short_first": short_first,
         "duration_s": time.perf_counter() - t0,
         "mean_ttft_s": statistics.mean(ttft),
         "mean_tpot_s": statistics.mean(tpot),
@@ -88,12 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     print(e.kernel_paths(), flush=True)
     rows: list[dict[str, Any]] = []
     for rep in range(args.reps):
-        for value in args.stalls.split(","):
-            stall, _, order = value.partition(":")
-            r = run_once(e, float(stall), shape, rep, order != "oldest") | {"rep": rep}
+        for stall in (float(x) for x in args.stalls.split(",")):
+            r = run_once(e, stall, shape, seed=rep) | {"rep": rep}
             rows.append(r)
             print(
-                f"rep {rep} stall {value:>10} ms: duration {r['duration_s']:6.1f} s  "
+                f"rep {rep} stall {stall:6.0f} ms: duration {r['duration_s']:6.1f} s  "
                 f"mean TTFT {1000 * r['mean_ttft_s']:7.0f} ms  "
                 f"mean TPOT {1000 * r['mean_tpot_s']:6.0f} ms  "
                 f"prefill {r['prefill_rate']:.0f} tok/s",

@@ -24,8 +24,7 @@ def _rand(rng: random.Random, n: int) -> list[int]:
 
 
 def _pinned(stall_ms: float, rate: float, **kw: object) -> Engine:
-    kw = {"chunked_prefill_size": 512, **kw}
-    eng = make_engine(page_size=4, decode_stall_ms=stall_ms, **kw)
+    eng = make_engine(chunked_prefill_size=512, page_size=4, decode_stall_ms=stall_ms, **kw)
     eng.scheduler.prefill_rate = rate
     eng.scheduler.observe_step = lambda batch, forward_s: None  # type: ignore[method-assign]
     return eng
@@ -115,91 +114,3 @@ def test_answers_are_the_same_whatever_the_stall(stall_ms: float) -> None:
     want = run_checked(_pinned(0.0, 1000.0, max_running_requests=3), prompts, DECODE)
     got = run_checked(_pinned(stall_ms, 1000.0, max_running_requests=3), prompts, DECODE)
     assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
-
-
-def _spy_steps(eng: Engine, chunks: dict[str, list[int]] | None = None) -> list[list[int]]:
-    """Each later step's extend lengths (and, into `chunks`, each request's)."""
-    steps: list[list[int]] = []
-    schedule = eng.scheduler.schedule
-
-    def spy() -> ScheduledBatch:
-        batch = schedule()
-        steps.append(list(batch.extend_lens))
-        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
-            if chunks is not None:
-                chunks.setdefault(req.request_id, []).append(n)
-        return batch
-
-    eng.scheduler.schedule = spy  # type: ignore[method-assign]
-    return steps
-
-
-def _decoding(eng: Engine, rng: random.Random) -> str:
-    rid = eng.add_request(_rand(rng, 8), SamplingParams(max_tokens=40, ignore_eos=True))
-    while not any(d.new_token_ids for d in eng.step()):
-        pass
-    return rid
-
-
-@pytest.mark.parametrize("short_first", [True, False])
-def test_a_short_prompt_goes_before_a_long_one_in_a_cut_step(short_first: bool) -> None:
-    # 100 tokens per step while a stream decodes; a 400-token prompt is in progress when a
-    # 30-token one arrives: the short one runs whole in the next step, the long one takes the
-    # rest of that step's budget, then the whole budget again. Oldest first (the switch off),
-    # the short one waits out the long one's 300 tokens.
-    eng = _pinned(100.0, 1000.0)
-    eng.scheduler.short_first = short_first
-    rng = random.Random(8)
-    _decoding(eng, rng)
-    eng.add_request(_rand(rng, 400), SamplingParams(max_tokens=2, ignore_eos=True))
-    steps = _spy_steps(eng)
-    eng.step()
-    short = eng.add_request(_rand(rng, 30), SamplingParams(max_tokens=2, ignore_eos=True))
-    first_token_step = None
-    while eng.has_unfinished():
-        for d in eng.step():
-            if d.request_id == short and d.new_token_ids and first_token_step is None:
-                first_token_step = len(steps)
-        eng.check_memory()
-    if not short_first:
-        assert steps[:5] == [[1, 100], [1, 100], [1, 100], [1, 100], [1, 1, 30]]
-        assert first_token_step == 5
-        return
-    assert steps[:3] == [[1, 100], [1, 30, 70], [1, 1, 100]]
-    assert first_token_step == 2  # not after the long prompt's remaining 300 tokens
-    assert all(sum(n for n in s if n > 1) <= 100 for s in steps)
-
-
-def test_short_prompts_never_pass_a_long_one_two_steps_running() -> None:
-    eng = _pinned(100.0, 1000.0, max_running_requests=16)
-    rng = random.Random(9)
-    _decoding(eng, rng)
-    long = eng.add_request(_rand(rng, 600), SamplingParams(max_tokens=2, ignore_eos=True))
-    chunks: dict[str, list[int]] = {}
-    steps = _spy_steps(eng, chunks)
-    eng.step()
-    long_done = None
-    for i in range(12):  # a short prompt arrives before every step
-        eng.add_request(_rand(rng, 40), SamplingParams(max_tokens=1, ignore_eos=True))
-        for d in eng.step():
-            if d.request_id == long and d.new_token_ids and long_done is None:
-                long_done = i
-        eng.check_memory()
-    # Every other step gives the long prompt the whole budget, the others what shorts leave
-    # (one short, then the two that arrived meanwhile); its last 100 fit a step whole, so it
-    # is no longer long and goes first.
-    assert chunks[long][:8] == [100, 60, 100, 20, 100, 20, 100, 100]
-    assert long_done == 6
-    assert all(sum(n for n in s if n > 1) <= 100 for s in steps)
-
-
-def test_without_a_stall_cut_the_order_is_oldest_first() -> None:
-    eng = _pinned(0.0, 1000.0, chunked_prefill_size=100)
-    rng = random.Random(10)
-    _decoding(eng, rng)
-    eng.add_request(_rand(rng, 400), SamplingParams(max_tokens=2, ignore_eos=True))
-    steps = _spy_steps(eng)
-    eng.step()
-    eng.add_request(_rand(rng, 30), SamplingParams(max_tokens=2, ignore_eos=True))
-    eng.step()
-    assert steps == [[1, 100], [1, 100]]  # the full budget is not a stall cut

@@ -20,14 +20,6 @@ them also advances every decoding stream by a token, instead of one step that ho
 for the whole prompt: the streams' tokens come sooner by about what the prompt's first token comes
 later (docs/vllm.md has the measurement).
 
-Short first: in a step so cut, while a prompt longer than the step's budget is in progress, the
-prompts that finish within the budget (running ones smallest first, then waiting ones in policy
-order, whole) go before it, and the long prompt takes what is left (the one prefill of the step
-cut by the budget, though not its first). A 64-token question otherwise waits out every chunk of a
-1,000-token prompt ahead of it; this way it waits at most a step, and the long prompt is later by
-the short ones' tokens. The long prompt is never passed two steps running, so it keeps at least
-every other step's whole budget.
-
 Admission order: fcfs takes arrival order; lpm the longest cached prefix first, aged by arrival
 time so that no request is passed by one that arrived more than `schedule_wait_budget_s` after it.
 
@@ -73,10 +65,6 @@ class ScheduledBatch:
         return sum(self.extend_lens)
 
 
-def _by_pending(req: Request) -> int:
-    return req.pending
-
-
 def _common_prefix(a: TokenBuffer, b: TokenBuffer, limit: int) -> int:
     n = min(len(a), len(b), limit)
     if n == 0:
@@ -92,7 +80,6 @@ class Scheduler:
     defer_min_gain = 16  # tokens a waiting request must gain to wait for an in-flight prefill
     min_stall_chunk = 64  # decode_stall_ms never cuts a step's prompt tokens below this
     rate_weight = 0.3  # weight of the newest step in the prefill-rate average
-    short_first = True  # False: prefills oldest first in stall-cut steps too (for comparisons)
 
     def __init__(
         self, config: SchedulerConfig, kv: KVManager, regret: RegretWindow | None = None
@@ -115,9 +102,6 @@ class Scheduler:
         # at least min_stall_chunk tokens; 0 until one ran) and this step's budget.
         self.prefill_rate = 0.0
         self._step_budget = config.chunked_prefill_size
-        # Whether the last step ran short prompts ahead of a long one (it is not passed twice
-        # running).
-        self._passed_last = False
 
     # -- queues --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -150,29 +134,11 @@ class Scheduler:
     def _build(self, admit: bool = True) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self._step_budget = self._budget()
-        prefills = []
         for req in self.running:
             if req.pending == 1:
                 batch.add(req, 1)
-            else:
-                prefills.append(req)
-        long = [r for r in prefills if r.pending > budget]
-        decodes, passed = len(batch.reqs), False
-        cut = budget < self.config.chunked_prefill_size
-        if long and cut and self.short_first and not self._passed_last:
-            # Short first (see the module docstring): prompts that finish in this stall-cut
-            # step go before the long one, which takes what is left.
-            for req in sorted((r for r in prefills if r.pending <= budget), key=_by_pending):
+            elif budget > 0:
                 budget -= self._add_chunk(batch, req, budget)
-            if admit:
-                for req in self._admit(budget, whole_only=True):
-                    budget -= self._add_chunk(batch, req, budget)
-            passed = len(batch.reqs) > decodes
-            prefills = long
-        self._passed_last = passed
-        for i, req in enumerate(prefills):
-            if budget > 0:
-                budget -= self._add_chunk(batch, req, budget, may_cut=passed and i == 0)
         if budget > 0 and admit:
             for req in self._admit(budget):
                 budget -= self._add_chunk(batch, req, budget)
@@ -181,7 +147,7 @@ class Scheduler:
     def _fits(self, pending: int, budget: int) -> bool:
         """Whether a prefill of `pending` tokens may start in what is left of the step's budget:
         whole, or cut short only as the step's first prefill (invariant: at most one prefill
-        per step is cut by the budget: the first, or the long prompt after short ones)."""
+        per step is cut by the budget, and it is the first)."""
         return pending <= budget or budget == self._step_budget
 
     def _budget(self) -> int:
@@ -205,13 +171,10 @@ class Scheduler:
         w = self.rate_weight if self.prefill_rate > 0 else 1.0
         self.prefill_rate = (1 - w) * self.prefill_rate + w * rate
 
-    def _add_chunk(
-        self, batch: ScheduledBatch, req: Request, budget: int, may_cut: bool = False
-    ) -> int:
+    def _add_chunk(self, batch: ScheduledBatch, req: Request, budget: int) -> int:
         """Schedule a prefill chunk of `req` (cut at the next STATE checkpoint boundary, with
-        its SWA slots; cut by the budget where `_fits` or `may_cut` allows); returns the tokens
-        taken from the budget (0: skipped this step)."""
-        if not (may_cut or self._fits(req.pending, budget)):
+        its SWA slots); returns the tokens taken from the budget (0: skipped this step)."""
+        if not self._fits(req.pending, budget):
             return 0
         n = min(req.pending, budget, self.kv.chunk_cap(req))
         if not self.kv.prepare_chunk(req, n):
@@ -315,9 +278,7 @@ class Scheduler:
             total += max(0, alloc.pages_for(want) - cap // self.page_size)
         return total
 
-    def _admit(self, budget: int, whole_only: bool = False) -> list[Request]:
-        """Admit waiting requests in policy order while budget, rows and memory last; with
-        `whole_only`, only prompts whose uncached part fits the budget whole."""
+    def _admit(self, budget: int) -> list[Request]:
         admitted: list[Request] = []
         # Bounded scan: per-step admission cost must not grow with the queue length.
         for req in self._waiting_order()[: self.admit_scan_limit]:
@@ -325,20 +286,14 @@ class Scheduler:
                 break
             if self._should_defer(req):
                 continue
-            if not self._fits_admission(req, budget, whole_only):
+            # The tree is asked only when the whole prompt would not fit (usually it does).
+            if not self._fits(req.pending, budget) and not self._fits(self._uncached(req), budget):
                 break  # it starts next step, as that step's first prefill; none passes it
             if not self._try_admit(req):
                 break  # out of memory: do not let smaller requests starve this one
             admitted.append(req)
             budget -= min(req.pending, budget)
         return admitted
-
-    def _fits_admission(self, req: Request, budget: int, whole_only: bool) -> bool:
-        """Whether `req` may start in `budget` (whole, with `whole_only`); the tree is asked
-        only when the whole prompt would not fit (usually it does)."""
-        if whole_only:
-            return req.pending <= budget or self._uncached(req) <= budget
-        return self._fits(req.pending, budget) or self._fits(self._uncached(req), budget)
 
     def _uncached(self, req: Request) -> int:
         """Prompt tokens `req` would compute if admitted now (a peek: no hit recorded)."""
