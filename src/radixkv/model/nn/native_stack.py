@@ -82,20 +82,13 @@ class NativeStack:
         if module is None or not hasattr(module, "DecoderStack") or not model.stackable:
             return None
         layers = cast("list[DecoderLayer]", list(model.layers))
-        spec, eps = layers[0].attn.spec, layers[0].eps
-        shape = (spec.num_heads, spec.num_kv_heads, spec.head_dim, eps)
+        shape = _shape(layers[0])
         scales = {at.scale for at in model.attn_layers.values()}
         if len(scales) != 1 or not all(
             _layer_ok(layer, model.dtype) and _shape(layer) == shape for layer in layers
         ):
             return None
-        impl = module.DecoderStack(
-            spec.num_heads,
-            spec.num_kv_heads,
-            spec.head_dim,
-            eps,
-            scales.pop(),
-        )
+        impl = module.DecoderStack(*shape, scales.pop())
         for layer in layers:
             attn, mlp = layer.attn, layer.mlp
             projections = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
