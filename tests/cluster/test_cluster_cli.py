@@ -24,10 +24,14 @@ from cluster_harness import (
 
 
 def _refused(url: str) -> bool:
+    """Whether nothing listens at `url` any more. A server caught mid-shutdown (it accepted the
+    connection, then closed it unanswered) is still there: not refused yet."""
     try:
         httpx.get(url + "/health", timeout=2)
     except httpx.ConnectError:
         return True
+    except httpx.RemoteProtocolError:
+        return False
     return False
 
 
