@@ -12,4 +12,4 @@ if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$PY" scripts/gpu_check.py --compile --json gpu_check.json "$@"
+exec timeout 480 "$PY" scripts/gpu_check.py --compile --deadline-s 420 --json gpu_check.json "$@"

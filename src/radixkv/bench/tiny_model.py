@@ -8,6 +8,10 @@ not depend on them.
 - `tiny-32k` (`radixkv bench agent --model tiny-32k`): the same at 32,768 positions with Llama
   3's rope (theta 500,000, `llama3` scaling of factor 8 over 4,096 original positions): 32k-token
   sessions in seconds.
+- `smollm2-shaped` (`scripts/gpu_check.py` on a machine without the default model's package): the
+  default model's own config (SmolLM2-135M: 30 layers, hidden 576, 9 / 3 heads of 64, MLP 1,536)
+  with seeded random weights, so its speed is the default model's and its exactness check the
+  same code path.
 - `1b` (`python -m scripts.peers --model 1b`): Llama-3.2-1B's shape (16 layers, hidden 2,048, 32 / 8
   heads of 64, MLP 8,192, rope theta 500,000, tied embeddings) with the default tokenizer's
   49,152-token vocabulary; float32 on disk (about 4.3 GB) so that float32 and bfloat16 servers
@@ -90,13 +94,41 @@ LLAMA_1B = SeededLlama(
         "initializer_range": 0.02,
     },
 )
+SMOLLM2_SHAPED = SeededLlama(
+    "smollm2-135m-shaped",
+    {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.02,
+    },
+)
 TINY_32K_NAME = "tiny-32k"
-MODELS: dict[str, SeededLlama] = {TINY_NAME: TINY, TINY_32K_NAME: TINY_32K, ONE_B_NAME: LLAMA_1B}
+SMOLLM2_SHAPED_NAME = "smollm2-shaped"
+MODELS: dict[str, SeededLlama] = {
+    TINY_NAME: TINY,
+    TINY_32K_NAME: TINY_32K,
+    ONE_B_NAME: LLAMA_1B,
+    SMOLLM2_SHAPED_NAME: SMOLLM2_SHAPED,
+}
 
 
-def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -> Path:
+def seeded_llama(
+    spec: SeededLlama,
+    out: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    **overrides: Any,
+) -> Path:
     """The checkpoint's directory, built on first use (later calls reuse it, whatever the
-    overrides: they are for tests that build a small variant of a shape in their own `out`)."""
+    overrides: they are for tests that build a small variant of a shape in their own `out`).
+    The tokenizer's files come from `tokenizer_dir`, else from the converted default model."""
     from radixkv.model.checkpoints.gguf_convert import cache_root
 
     out = out or cache_root() / spec.dir_name
@@ -105,8 +137,6 @@ def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -
     import torch
     import transformers
 
-    from radixkv.model import default_model_path
-
     config = transformers.LlamaConfig(**{**_TOKENIZER_IDS, **spec.config, **overrides})
     torch.manual_seed(spec.seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -114,7 +144,11 @@ def seeded_llama(spec: SeededLlama, out: Path | None = None, **overrides: Any) -
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     del model
-    source = Path(default_model_path())
+    if tokenizer_dir is None:
+        from radixkv.model import default_model_path
+
+        tokenizer_dir = Path(default_model_path())
+    source = Path(tokenizer_dir)
     for name in _TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, tmp / name)
@@ -127,8 +161,8 @@ def tiny_llama(out: Path | None = None) -> Path:
     return seeded_llama(TINY, out)
 
 
-def resolve_model(name: str | None) -> str | None:
-    """A name of `MODELS` (`tiny`, `tiny-32k`, `1b`) → its checkpoint's path, built on first
-    use; anything else unchanged (None: the default model)."""
+def resolve_model(name: str | None, tokenizer_dir: Path | None = None) -> str | None:
+    """A name of `MODELS` (`tiny`, `tiny-32k`, `1b`, `smollm2-shaped`) → its checkpoint's path,
+    built on first use; anything else unchanged (None: the default model)."""
     spec = MODELS.get(name) if name is not None else None
-    return str(seeded_llama(spec)) if spec is not None else name
+    return str(seeded_llama(spec, tokenizer_dir=tokenizer_dir)) if spec is not None else name
