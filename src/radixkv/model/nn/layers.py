@@ -4,7 +4,9 @@ SiLU * up, GELU * up and rotary position embeddings, as `radixkv::` custom ops.
 On CPU they run the C++ kernels of `radixkv.model.kernels` (pointwise.cpp): one fixed arithmetic
 per row, so a token's result does not depend on the batch, and the eager and compiled model give
 the same bits (inductor treats the ops as opaque calls instead of re-deriving their arithmetic).
-Elsewhere, and where the kernels cannot be built, they run the torch formulas below. The (1 + w)
+On CUDA they run the Triton kernels of `radixkv.model.triton.pointwise` (one launch per op, the
+torch formulas' rounding; $RADIXKV_TRITON_POINTWISE=0 turns them off). Elsewhere, and where
+neither can run, they run the torch formulas below. The (1 + w)
 norm and GELU * up have no C++ kernel: their torch formulas compute each row (each element) on its
 own, so they are row-invariant in eager torch too, and as custom ops the compiler does not rewrite
 their arithmetic either.
@@ -17,6 +19,7 @@ integer positions and cast to the activation dtype.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -39,6 +42,25 @@ def _cpp(x: torch.Tensor) -> Any:
     return _kernels() if x.device.type == "cpu" else None
 
 
+@cache
+def _triton_module() -> Any:
+    if os.environ.get("RADIXKV_TRITON_POINTWISE", "1") == "0":
+        return None
+    try:
+        from radixkv.model.triton import pointwise
+    except ImportError:
+        return None
+    return pointwise
+
+
+def _gpu(x: torch.Tensor) -> Any:
+    """The Triton kernels for x (a CUDA tensor they take), or None."""
+    if x.device.type != "cuda":
+        return None
+    mod = _triton_module()
+    return mod if mod is not None and mod.supports(x) else None
+
+
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -46,6 +68,9 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 
 def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    g = _gpu(x)
+    if g is not None and weight.dtype == x.dtype and weight.shape == x.shape[-1:]:
+        return g.rms_norm(x, weight, eps)
     k = _cpp(x)
     if k is None or weight.dtype != x.dtype or weight.shape != x.shape[-1:]:
         return rms_norm_torch(x, weight, eps)
@@ -53,6 +78,9 @@ def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 
 def _silu_mul_impl(gate_up: torch.Tensor) -> torch.Tensor:
+    g = _gpu(gate_up)
+    if g is not None:
+        return g.silu_mul(gate_up)
     k = _cpp(gate_up)
     if k is not None:
         return k.silu_mul(gate_up)
@@ -61,6 +89,9 @@ def _silu_mul_impl(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    g = _gpu(x)
+    if g is not None and g.rope_ok(x, cos, sin):
+        return g.rope(x, cos, sin)
     k = _cpp(x)
     if k is not None and x.dim() == 3 and cos.dtype == sin.dtype == x.dtype:
         return k.rope(x, cos, sin)
@@ -72,6 +103,9 @@ def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def rms_norm_1p_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma-style RMSNorm: float32 statistics, scaled by (1 + weight) in float32, cast back."""
+    g = _gpu(x)
+    if g is not None and weight.shape == x.shape[-1:] and weight.stride(-1) == 1:
+        return g.rms_norm(x, weight, eps, one_plus=True)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * (1.0 + weight.float())).to(x.dtype)
