@@ -1,6 +1,7 @@
 """The Triton kernels' part of the device check (scripts/gpu_check.py): on a CUDA device, the
 paged-attention kernels (radixkv.model.triton) compiled, not interpreted, against the float64
-reference and for bit invariance (the problems the unit tests run under the interpreter), then
+reference and for bit invariance (the problems the unit tests run under the interpreter), the
+element-wise kernels (pointwise.py) against their torch formulas and for row invariance, then
 timed with triton.testing.do_bench: decode as GB/s of K/V read against the device's measured copy
 bandwidth (and an H200's nominal 4.8 TB/s), extend as TFLOP/s against an H200's nominal dense
 bf16 rate, next to torch's SDPA on the same shape with K/V contiguous. Skipped, saying why,
@@ -135,11 +136,20 @@ def triton_check(device: str, timings: bool = True) -> dict[str, Any]:
     def bench(fn: Callable[[], Any]) -> float:
         return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
+    from radixkv.model.triton.pointwise_checks import pointwise_results
+
     t0 = time.perf_counter()
     out = correctness(device)
+    out["pointwise"] = pointwise_results(device)
+    out["ok"] = out["ok"] and all(
+        r["within_tolerance"] and r["rows_invariant"] and r.get("equal_torch", True)
+        for r in out["pointwise"]
+    )
     out["correctness_s"] = time.perf_counter() - t0
     for c in out["cases"]:
         print("triton case", c, flush=True)
+    for r in out["pointwise"]:
+        print("triton pointwise", r, flush=True)
     bad = [p for p in out["invariance"] if not p["equal"]]
     print(f"triton invariance: {len(out['invariance']) - len(bad)} equal, {len(bad)} differ",
           bad[:5], flush=True)  # fmt: skip
