@@ -78,3 +78,25 @@ def test_names_resolve_under_the_cache_folder(
     assert resolve_model("1b") == str(tmp_path / "small-1b")
     assert (tmp_path / "small-1b" / "config.json").exists()
     assert resolve_model("/some/dir") == "/some/dir" and resolve_model(None) is None
+
+
+def test_the_smollm2_shape_is_the_default_models_config(default_model_dir: Path) -> None:
+    """`smollm2-shaped` (the device check's stand-in for the default model, whose package a
+    device machine lacks) has the converted default model's shape, key for key."""
+    raw = json.loads((default_model_dir / "config.json").read_text())
+    spec = MODELS["smollm2-shaped"].config
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "rope_theta", "rms_norm_eps",
+                "tie_word_embeddings"):  # fmt: skip
+        assert spec[key] == raw[key], key
+    assert spec.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"]) == 64
+
+
+def test_the_tokenizer_comes_from_a_given_folder(tmp_path: Path, default_model_dir: Path) -> None:
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_bytes((default_model_dir / "tokenizer.json").read_bytes())
+    spec = SeededLlama("s", {**LLAMA_1B.config, **SMALL, "num_hidden_layers": 1})
+    out = seeded_llama(spec, tmp_path / "m", tokenizer_dir=tok)
+    assert (out / "tokenizer.json").read_bytes() == (tok / "tokenizer.json").read_bytes()
+    assert not (out / "tokenizer_config.json").exists()  # only what the folder has
