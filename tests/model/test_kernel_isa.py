@@ -69,6 +69,8 @@ out = {
                                  0, 0.125),
     "rms_norm": m.rms_norm(x, torch.randn(300, generator=g), 1e-5),
     "silu_mul": m.silu_mul(x[:, :200].contiguous()),
+    "rms_norm_1p": m.rms_norm_1p(x, torch.randn(300, generator=g), 1e-6),
+    "gelu_tanh_mul": m.gelu_tanh_mul(x[:, :200].contiguous()),
 }
 torch.save(out, sys.argv[1])
 """

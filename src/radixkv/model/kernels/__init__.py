@@ -9,8 +9,9 @@
   row count, from a weight repacked in blocks of 16 outputs (`gemm.cpp`, AVX-512 / AVX-512 BF16);
   the fallback is oneDNN.
 
-- `pointwise()`: RMSNorm, SiLU * up and RoPE (`pointwise.cpp`) with one fixed arithmetic per
-  row, called by the eager and the compiled model alike.
+- `pointwise()`: RMSNorm (and its (1 + w) form), SiLU * up, GELU (tanh) * up and RoPE
+  (`pointwise.cpp`) with one fixed arithmetic per row, called by the eager and the compiled
+  model alike.
 - `DecoderStack` (`stack.cpp`): a Llama-family model's layers in one call that makes the very
   kernel calls of the eager layers, in order (radixkv.model.nn.native_stack).
 
@@ -216,5 +217,6 @@ def gemm(dtype: torch.dtype) -> Any:
 
 
 def pointwise() -> Any:
-    """The module whose `rms_norm`, `silu_mul` and `rope` serve the decoder layers, or None."""
+    """The module whose `rms_norm`, `rms_norm_1p`, `silu_mul`, `gelu_tanh_mul` and `rope` serve
+    the decoder layers, or None."""
     return cpu_kernels()

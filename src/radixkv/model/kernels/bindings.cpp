@@ -11,7 +11,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extend_attention", &extend_attention,
         "Causal (windowed) attention of new tokens to their context read from the pool by slot");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim (f32 statistics, fixed order)");
+  m.def("rms_norm_1p", &rms_norm_1p, "RMSNorm times (1 + weight) in f32 (Gemma 3, Qwen3.5)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last dim");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu_tanh(gate) * up over the halves of the last dim");
   m.def("rope", &rope, "Rotary embedding per half, [T, H, D] with cos/sin [T, D]");
   m.def("gemm_f32_supported", &gemm_f32_supported);
   m.def("gemm_bf16_supported", &gemm_bf16_supported);

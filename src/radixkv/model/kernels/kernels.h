@@ -28,6 +28,8 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n,
 torch::Tensor gemm_silu(torch::Tensor x, torch::Tensor packed, int64_t n,
                         c10::optional<torch::Tensor> bias);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor rms_norm_1p(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor gelu_tanh_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 void bind_stack(pybind11::module& m);  // stack.cpp: the DecoderStack class

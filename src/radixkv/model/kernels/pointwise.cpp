@@ -7,7 +7,11 @@
 //   rms_norm:  r = 1 / sqrt(mean(x^2) + eps) in f32 (squares summed in 16 f32 lanes over the row,
 //              then a fixed pairwise fold of the lanes); y = w * T(x * r)  (HF: weight *
 //              hidden.to(dtype), so bf16 rounds x * r before the weight multiply);
+//   rms_norm_1p: the same statistics, y = T((x * r) * (1 + w)) in f32 (Gemma 3 / Qwen3.5: HF
+//              scales by (1 + weight.float()) before the one cast);
 //   silu_mul:  y = T(T(silu(g)) * u)  (F.silu's result is rounded to T first, as in eager torch);
+//   gelu_tanh_mul: y = T(T(gelu_tanh(g)) * u), gelu as g * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3))
+//              (equal to 0.5 g (1 + tanh(...)) in exact arithmetic);
 //   rope:      (x1 c - x2 s, x2 c + x1 s) per half, products and difference in f32, rounded once.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -22,6 +26,7 @@ namespace {
 
 using namespace radixkv_simd;
 #if defined(RADIXKV_AVX512)
+using radixkv_act::gelu_tanh16;
 using radixkv_act::silu16;
 using radixkv_act::to_bf16;
 #endif
@@ -73,7 +78,8 @@ inline float fold16(__m512 x) {
 }
 #endif
 
-template <typename T>
+// ONE_PLUS: y = T((x * r) * (1 + w)) (rms_norm_1p); else y = w * T(x * r) (rms_norm).
+template <typename T, bool ONE_PLUS>
 void rms_rows(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -89,14 +95,22 @@ void rms_rows(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps) 
       const __m512 iv = _mm512_set1_ps(inv);
       for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = lanes(n - i);
-        const __m512 h = round16<T>(_mm512_mul_ps(load16m(xr + i, m), iv));
-        store16m(yr + i, _mm512_mul_ps(load16m(w + i, m), h), m);
+        const __m512 h = _mm512_mul_ps(load16m(xr + i, m), iv);
+        if constexpr (ONE_PLUS) {
+          const __m512 scale = _mm512_add_ps(_mm512_set1_ps(1.f), load16m(w + i, m));
+          store16m(yr + i, _mm512_mul_ps(h, scale), m);
+        } else {
+          store16m(yr + i, _mm512_mul_ps(load16m(w + i, m), round16<T>(h)), m);
+        }
       }
 #else
       float ss = 0.f;
       for (int64_t i = 0; i < n; ++i) ss += to_f(xr[i]) * to_f(xr[i]);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-      for (int64_t i = 0; i < n; ++i) yr[i] = from_f<T>(to_f(w[i]) * round_to<T>(to_f(xr[i]) * inv));
+      for (int64_t i = 0; i < n; ++i) {
+        const float h = to_f(xr[i]) * inv;
+        yr[i] = ONE_PLUS ? from_f<T>(h * (1.f + to_f(w[i]))) : from_f<T>(to_f(w[i]) * round_to<T>(h));
+      }
 #endif
     }
   });
@@ -107,8 +121,15 @@ inline float silu1(float g) {
   return g * ((g < 0.f ? e : 1.f) / (1.f + e));
 }
 
-template <typename T>
-void silu_rows(const T* gu, T* y, int64_t rows, int64_t n) {
+inline float gelu_tanh1(float g) {
+  const float a = 2.f * 0.7978845608028654f * (g + 0.044715f * (g * g * g));
+  const float e = std::exp(-std::fabs(a));
+  return g * ((a < 0.f ? e : 1.f) / (1.f + e));
+}
+
+// GELU: gelu_tanh(gate) * up; else silu(gate) * up.
+template <typename T, bool GELU>
+void act_rows(const T* gu, T* y, int64_t rows, int64_t n) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gu + r * 2 * n;
@@ -117,11 +138,15 @@ void silu_rows(const T* gu, T* y, int64_t rows, int64_t n) {
 #if defined(RADIXKV_AVX512)
       for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = lanes(n - i);
-        const __m512 s = round16<T>(silu16(load16m(g + i, m)));
+        const __m512 gv = load16m(g + i, m);
+        const __m512 s = round16<T>(GELU ? gelu_tanh16(gv) : silu16(gv));
         store16m(yr + i, _mm512_mul_ps(s, load16m(u + i, m)), m);
       }
 #else
-      for (int64_t i = 0; i < n; ++i) yr[i] = from_f<T>(round_to<T>(silu1(to_f(g[i]))) * to_f(u[i]));
+      for (int64_t i = 0; i < n; ++i) {
+        const float a = GELU ? gelu_tanh1(to_f(g[i])) : silu1(to_f(g[i]));
+        yr[i] = from_f<T>(round_to<T>(a) * to_f(u[i]));
+      }
 #endif
     }
   });
@@ -170,33 +195,51 @@ void rope_rows(const T* x, int64_t x_row, const T* cs, const T* sn, T* y, int64_
 
 }  // namespace
 
-// x [..., n] (last dim contiguous rows), weight [n] -> [..., n] in x's dtype.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+template <bool ONE_PLUS>
+torch::Tensor rms_any(torch::Tensor x, torch::Tensor weight, double eps, const char* name) {
   const int64_t n = x.size(-1);
-  TORCH_CHECK(weight.numel() == n && weight.scalar_type() == x.scalar_type(),
-              "rms_norm: weight must be [n] in x's dtype");
+  TORCH_CHECK(weight.numel() == n && weight.scalar_type() == x.scalar_type(), name,
+              ": weight must be [n] in x's dtype");
   x = x.contiguous();
   weight = weight.contiguous();
   auto y = torch::empty_like(x);
   const int64_t rows = n ? x.numel() / n : 0;
   RKV_DISPATCH(x.scalar_type(), "rms_norm",
-               rms_rows<scalar>(x.data_ptr<scalar>(), weight.data_ptr<scalar>(),
-                                y.data_ptr<scalar>(), rows, n, static_cast<float>(eps)))
+               (rms_rows<scalar, ONE_PLUS>(x.data_ptr<scalar>(), weight.data_ptr<scalar>(),
+                                           y.data_ptr<scalar>(), rows, n, static_cast<float>(eps))))
   return y;
 }
 
-// gate_up [..., 2n] (gate then up) -> silu(gate) * up [..., n].
-torch::Tensor silu_mul(torch::Tensor gate_up) {
-  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "silu_mul: the last dim holds gate and up halves");
+template <bool GELU>
+torch::Tensor act_mul(torch::Tensor gate_up, const char* name) {
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, name, ": the last dim holds gate and up halves");
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(-1) / 2;
   auto sizes = gate_up.sizes().vec();
   sizes.back() = n;
   auto y = torch::empty(sizes, gate_up.options());
   const int64_t rows = n ? y.numel() / n : 0;
-  RKV_DISPATCH(gate_up.scalar_type(), "silu_mul",
-               silu_rows<scalar>(gate_up.data_ptr<scalar>(), y.data_ptr<scalar>(), rows, n))
+  RKV_DISPATCH(gate_up.scalar_type(), "act_mul",
+               (act_rows<scalar, GELU>(gate_up.data_ptr<scalar>(), y.data_ptr<scalar>(), rows, n)))
   return y;
+}
+
+// x [..., n] (last dim contiguous rows), weight [n] -> [..., n] in x's dtype.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  return rms_any<false>(x, weight, eps, "rms_norm");
+}
+
+// The same statistics, times (1 + weight) in f32 (Gemma 3, Qwen3.5).
+torch::Tensor rms_norm_1p(torch::Tensor x, torch::Tensor weight, double eps) {
+  return rms_any<true>(x, weight, eps, "rms_norm_1p");
+}
+
+// gate_up [..., 2n] (gate then up) -> silu(gate) * up [..., n].
+torch::Tensor silu_mul(torch::Tensor gate_up) { return act_mul<false>(gate_up, "silu_mul"); }
+
+// gate_up [..., 2n] -> gelu_tanh(gate) * up [..., n] (Gemma 3's gelu_pytorch_tanh).
+torch::Tensor gelu_tanh_mul(torch::Tensor gate_up) {
+  return act_mul<true>(gate_up, "gelu_tanh_mul");
 }
 
 // x [T, H, D] (heads and head dim contiguous; tokens any stride), cos/sin [T, D] -> [T, H, D].

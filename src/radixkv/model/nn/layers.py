@@ -6,10 +6,9 @@ per row, so a token's result does not depend on the batch, and the eager and com
 the same bits (inductor treats the ops as opaque calls instead of re-deriving their arithmetic).
 On CUDA they run the Triton kernels of `radixkv.model.triton.pointwise` (one launch per op, the
 torch formulas' rounding; $RADIXKV_TRITON_POINTWISE=0 turns them off). Elsewhere, and where
-neither can run, they run the torch formulas below. The (1 + w)
-norm and GELU * up have no C++ kernel: their torch formulas compute each row (each element) on its
-own, so they are row-invariant in eager torch too, and as custom ops the compiler does not rewrite
-their arithmetic either.
+neither can run, they run the torch formulas below. GELU * up with the exact (erf) GELU, and on
+CUDA any GELU, has no kernel: its torch formula computes each element on its own, so it is
+row-invariant in eager torch too, and as a custom op the compiler does not rewrite it either.
 
 Numerics follow the Hugging Face reference so that float32 logits agree to ~1e-5: the norm runs in
 float32 and casts back before the weight multiply; RoPE angles are computed in float32 from the
@@ -103,15 +102,25 @@ def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def rms_norm_1p_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma-style RMSNorm: float32 statistics, scaled by (1 + weight) in float32, cast back."""
-    g = _gpu(x)
-    if g is not None and weight.shape == x.shape[-1:] and weight.stride(-1) == 1:
-        return g.rms_norm(x, weight, eps, one_plus=True)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * (1.0 + weight.float())).to(x.dtype)
 
 
+def _rms_norm_1p_impl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    g = _gpu(x)
+    if g is not None and weight.shape == x.shape[-1:] and weight.stride(-1) == 1:
+        return g.rms_norm(x, weight, eps, one_plus=True)
+    k = _cpp(x)
+    if k is None or weight.dtype != x.dtype or weight.shape != x.shape[-1:]:
+        return rms_norm_1p_torch(x, weight, eps)
+    return k.rms_norm_1p(x, weight, eps)
+
+
 def _gelu_mul_impl(gate_up: torch.Tensor, tanh: bool) -> torch.Tensor:
+    k = _cpp(gate_up)
+    if k is not None and tanh:
+        return k.gelu_tanh_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh" if tanh else "none") * up
 
@@ -122,7 +131,7 @@ LIB.define("gelu_mul(Tensor gate_up, bool tanh) -> Tensor")
 LIB.define("silu_mul(Tensor gate_up) -> Tensor")
 LIB.define("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 LIB.impl("rms_norm", _rms_norm_impl, "CompositeExplicitAutograd")
-LIB.impl("rms_norm_1p", rms_norm_1p_torch, "CompositeExplicitAutograd")
+LIB.impl("rms_norm_1p", _rms_norm_1p_impl, "CompositeExplicitAutograd")
 LIB.impl("silu_mul", _silu_mul_impl, "CompositeExplicitAutograd")
 LIB.impl("gelu_mul", _gelu_mul_impl, "CompositeExplicitAutograd")
 LIB.impl("rope", _rope_impl, "CompositeExplicitAutograd")
