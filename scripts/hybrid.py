@@ -23,6 +23,7 @@ import numpy as np
 from radixkv.bench.engine_driver import drive
 from radixkv.bench.inputs import workloads as wl
 from radixkv.bench.inputs.tokens import id_source
+from radixkv.memory.hybrid import STATE, SWA
 
 
 class _Sampler:
@@ -34,7 +35,7 @@ class _Sampler:
         dtype = engine.pool.config.dtype
         sizes: tuple[int, int] = spec.kv_bytes_per_token(dtype) if spec else (0, 0)
         self.full_b, self.swa_b = sizes
-        state = engine.pools.state if engine.pools is not None else None
+        state = engine.pools.state() if engine.pools is not None else None
         self.state_b = state.config.bytes_per_slot if state is not None else 0
         self.rows: list[tuple[int, int, int, int]] = []  # per request-step: full, swa, state, naive
 
@@ -45,13 +46,15 @@ class _Sampler:
         out = self.engine.step()
         eng = self.engine
         ps = eng.config.cache.page_size
-        swa_table = eng.runner.swa_table
+        swa_mem = eng.kv.comp.kinds.get(SWA) if eng.pools is not None else None
+        swa_table = swa_mem.table if swa_mem is not None else None
         for r in eng.scheduler.running:
             cap = r.prefix_len + len(r.own_pages) * ps
             swa = 0
             if swa_table is not None and r.kv_len:
                 swa = int((swa_table.get_numpy(r.row, 0, r.kv_len) >= 0).sum())
-            states = (r.hybrid.state_slot >= 0) + (r.hybrid.snap_slot >= 0)
+            st = r.kv_kinds.get(STATE)
+            states = 0 if st is None else (st.slot >= 0) + (st.snap_slot >= 0)
             self.rows.append(
                 (
                     cap * self.full_b,

@@ -88,7 +88,7 @@ class ToyHybridModel:
     ) -> torch.Tensor:
         h, dh, win = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.window
         wq, wk, wv, wo = w
-        pool = pools.full if kind == "full" else pools.swa
+        pool = pools.kv(kind)
         ctxs = b.context_slots if kind == "full" else b.swa_context_slots
         out_slots = b.out_slots if kind == "full" else b.swa_out_slots
         if pool is None or ctxs is None or out_slots is None:
@@ -114,10 +114,11 @@ class ToyHybridModel:
     def _state(
         self, x: torch.Tensor, b: ForwardBatch, pools: ModelPools, j: int, w: list
     ) -> torch.Tensor:
-        if pools.state is None or b.state_slots is None:
+        state = pools.state()
+        if state is None or b.state_slots is None:
             raise ValueError("state layer without its pool or slots")
         wa, wo = w[0], w[1]
-        store = pools.state.tensors[j]["h"]
+        store = state.tensors[j]["h"]
         rows, off = [], 0
         for r, n in enumerate(b.extend_lens):
             slot = b.state_slots[r]

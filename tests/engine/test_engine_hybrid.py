@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.engine.types import SamplingParams
+from radixkv.memory.hybrid import SWA
 
 KINDS = {
     "swa-only": ("swa", "swa"),  # Mistral-like: FULL slots are bookkeeping, no FULL tensor
@@ -71,7 +72,7 @@ def test_long_request_holds_about_a_window_of_swa() -> None:
             out.extend(d.new_token_ids)
         engine.check_memory()
         for r in engine.scheduler.running:
-            peak = max(peak, len(r.hybrid.swa_pages) * ps)
+            peak = max(peak, len(r.kv_kinds[SWA].pages) * ps)
     assert rid and out == reference_greedy_hybrid(lm, prompt, 40)
     assert peak <= window + 16 + 2 * ps  # the window, one prefill chunk, two partial pages
 

@@ -94,8 +94,9 @@ def test_ragged_and_mixed_batches(arch: str, setups: dict) -> None:
     seqs = [tokens(n, seed=10 + n) for n in (17, 5, 26, 3)]
     refs = [reference(hf, s) for s in seqs]
     sess = Session(lm, num_slots=256, num_states=8, seed=2)
-    if sess.pools.state is not None:  # stale garbage in working slots must be ignored at prefix 0
-        for layer in sess.pools.state.tensors:
+    state = sess.pools.state()
+    if state is not None:  # stale garbage in working slots must be ignored at prefix 0
+        for layer in state.tensors:
             for t in layer.values():
                 t.fill_(3.0)
     r = [sess.new(s) for s in seqs]

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixkv.memory.hybrid import ModelPools, PoolSpec, StateLayerSpec, StatePool, StateTensorSpec
+from radixkv.memory.hybrid import (
+    FULL,
+    ModelPools,
+    PoolSpec,
+    StateLayerSpec,
+    StatePool,
+    StateTensorSpec,
+)
 from radixkv.memory.pool import KVPool
 from radixkv.model import UnsupportedArchitectureError, load_model
 from radixkv.model.batch import ForwardBatch
@@ -114,8 +121,8 @@ def test_hybrid_batch_errors(tiny_model_dir: Callable[..., Path]) -> None:
         lm.model(ForwardBatch.from_contexts([5, 6, 7, 8, 9, 10], slots, [3, 3]), pools)
     with pytest.raises(ValueError, match="share"):
         lm.model(ForwardBatch.from_contexts([5] * 6, slots, [3, 3], state_slots=[1, 1]), pools)
-    with pytest.raises(ValueError, match=r"pools\.state"):
-        lm.model(batch, ModelPools(full=pools.full))
+    with pytest.raises(ValueError, match="a STATE pool is required"):
+        lm.model(batch, ModelPools({FULL: pools[FULL]}))
     gemma = load_model(tiny_model_dir("gemma3"))
     gpools = gemma.config.pool_spec().make_pools(16, 16, 0)
     with pytest.raises(ValueError, match="swa_slot_table"):

@@ -70,7 +70,8 @@ class Engine:
         self.cache = self.kv.cache  # whichever tree there is (PrefixIndex), or None
         regret = setup.make_regret_window(cfg.cache, self.cache, self.allocator.num_slots)
         self.scheduler = Scheduler(cfg.scheduler, self.kv, regret)
-        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, mem.swa_table)
+        kinds = self.kv.comp if self.pools is not None else None  # a hybrid's ComponentMemory
+        self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, kinds)
         if cfg.model.compile:
             self.runner.compile()
         # Decode graphs per batch-size bucket, captured after the compile's warm-up.

@@ -28,22 +28,6 @@ class Status(enum.Enum):
 
 
 @dataclass(eq=False)
-class HybridMemory:
-    """What a running request holds in a hybrid model's component pools (SWA / STATE; see
-    engine/kv/components_kv.py, which keeps it; the runner reads state_slot). SWA: its own pages
-    cover [swa_lo, swa_lo + len(swa_pages) * page_size); positions before swa_lo hold the tree's
-    slots or -1. STATE: its working state, an optional snapshot, and what admission matched."""
-
-    swa_pages: list[int] = field(default_factory=list)
-    swa_lo: int = 0
-    state_slot: int = -1  # working state (STATE pool), valid after kv_len tokens
-    snap_slot: int = -1  # copy of the working state at snap_pos (a page boundary), or -1
-    snap_pos: int = 0
-    resume_ckpt: int = -1  # checkpoint matched at admission (copied into state_slot at bind)
-    ckpt_target: int = 0  # divergence boundary to leave a checkpoint at (0: none)
-
-
-@dataclass(eq=False)
 class Request:
     """A request and the memory it holds while running.
 
@@ -71,7 +55,9 @@ class Request:
     handle: Any = None
     own_pages: list[int] = field(default_factory=list)
     admit_seq: int = -1  # larger = admitted later; the newest is retracted first
-    hybrid: HybridMemory = field(default_factory=HybridMemory)  # SWA / STATE pools
+    # What it holds of each kind of KV besides FULL (SWA pages, a STATE slot, ...), kept by that
+    # kind's memory (engine/kv/kinds.py); empty for a FULL-only model.
+    kv_kinds: dict[str, Any] = field(default_factory=dict)
     # Stats.
     cached_tokens: int = 0  # prompt tokens served from the cache on first admission
     admitted_once: bool = False

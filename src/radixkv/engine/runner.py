@@ -25,15 +25,16 @@ class ModelRunner:
         pool: KVPool,
         table: ReqToTokenTable,
         pools: Any = None,
-        swa_table: ReqToTokenTable | None = None,
+        kinds: Any = None,
     ) -> None:
         self.model = model
         self.pool = pool
         self.table = table
         self.device = torch.device(pool.config.device)
-        # Hybrid models: the ModelPools handed to the model, and the SWA slot table.
+        # Hybrid models: the ModelPools handed to the model, and the memory of its kinds besides
+        # FULL (`ComponentMemory`), which fills their batch fields (SWA slot table, state slots).
         self.pools = pools
-        self.swa_table = swa_table
+        self.kinds = kinds
         # Decode graphs (radixkv.engine.graph_runner.attach), None when decode runs eagerly.
         self.graphs: Any = None
 
@@ -50,20 +51,14 @@ class ModelRunner:
             rows.append(req.row)
             ends.append(end)
         flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
-        swa = state = None
-        if self.pools is not None:
-            if self.swa_table is not None:
-                swa = self.swa_table.gather(rows, ends)
-            if self.pools.state is not None:
-                state = [r.hybrid.state_slot for r in sched.reqs]
+        extra = {} if self.kinds is None else self.kinds.batch_fields(sched.reqs, rows, ends)
         return ForwardBatch.from_table(
             flat,
             self.table.gather(rows, ends),
             sched.extend_lens,
             ends,
             device=self.device,
-            swa_slot_table=swa,
-            state_slots=state,
+            **extra,
         )
 
     def compile(self) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.tier_setup import Tiers
 from radixkv.engine.types import EngineMetrics
+from radixkv.memory.hybrid import FULL
 
 if TYPE_CHECKING:
     from radixkv.cache.policies.research.regret import RegretWindow
@@ -83,7 +84,7 @@ def component_pools(engine: Engine) -> dict[str, dict[str, int]]:
     out = {
         "full": {"size": engine.allocator.num_slots, "free": free, "cached": cached, "held": held}
     }
-    if engine.pools is not None and engine.pools.full is None:
+    if engine.pools is not None and FULL not in engine.pools:
         out["full"]["virtual"] = 1  # no FULL layer: token bookkeeping slots, no tensor
     out.update(engine.kv.comp.census(running))
     return out

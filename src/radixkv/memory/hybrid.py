@@ -9,12 +9,16 @@ A hybrid model has up to three kinds of layers, each with its own memory compone
   sequence at one boundary. Working states of running requests and cached checkpoints are slots
   of the same pool; copy-on-write is done by copying whole slots (`copy_state`).
 
-These are tensor owners only; which slot belongs to whom is the allocators' and the tree's business.
+`ModelPools` is keyed by kind (`FULL`, `SWA`, `STATE`, the names every layer of the engine keys
+its per-kind data by). These are tensor owners only; which slot belongs to whom is the
+allocators' and the tree's business.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -122,13 +126,46 @@ class StatePool:
                 t.index_fill_(0, slots, 0)
 
 
-@dataclass
-class ModelPools:
-    """The pools one forward reads and writes; a component the model lacks is None."""
+# The kinds of KV memory a layer can keep (vLLM v1's per-layer KV cache specs are the model):
+# the keys of `ModelPools`, of a request's per-kind holdings and of the engine's per-kind memory
+# registry (radixkv.engine.kv.kinds). FULL is the one every model has (zero layers when it lacks
+# full attention: token bookkeeping slots).
+FULL, SWA, STATE = "full", "swa", "state"
 
-    full: KVPool | None = None
-    swa: KVPool | None = None
-    state: StatePool | None = None
+
+class ModelPools:
+    """The pools one forward reads and writes, keyed by kind (FULL, SWA, STATE, ...); a kind the
+    model lacks is absent (None values are dropped)."""
+
+    def __init__(self, pools: Mapping[str, Any] | None = None) -> None:
+        self._pools: dict[str, Any] = {k: p for k, p in (pools or {}).items() if p is not None}
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._pools)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._pools
+
+    def __getitem__(self, kind: str) -> Any:
+        return self._pools[kind]
+
+    def get(self, kind: str) -> Any | None:
+        return self._pools.get(kind)
+
+    def kv(self, kind: str) -> KVPool | None:
+        """The K/V pool of an attention kind (FULL, SWA), None when absent."""
+        pool = self._pools.get(kind)
+        if pool is not None and not isinstance(pool, KVPool):
+            raise TypeError(f"the {kind} pool is not a KVPool")
+        return pool
+
+    def state(self, kind: str = STATE) -> StatePool | None:
+        """The state pool of a recurrent kind, None when absent."""
+        pool = self._pools.get(kind)
+        if pool is not None and not isinstance(pool, StatePool):
+            raise TypeError(f"the {kind} pool is not a StatePool")
+        return pool
 
 
 @dataclass(frozen=True)
@@ -202,7 +239,9 @@ class PoolSpec:
         swa = self.swa_pool_config(swa_slots, dtype, device)
         state = self.state_pool_config(state_slots, dtype, device)
         return ModelPools(
-            full=None if full is None else KVPool(full),
-            swa=None if swa is None else KVPool(swa),
-            state=None if state is None else StatePool(state),
+            {
+                FULL: None if full is None else KVPool(full),
+                SWA: None if swa is None else KVPool(swa),
+                STATE: None if state is None else StatePool(state),
+            }
         )

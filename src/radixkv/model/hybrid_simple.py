@@ -143,8 +143,9 @@ class Session:
         state = -1
         if self.spec.has_state:
             state = self.states.take(1)[0]
-            assert self.pools.state is not None
-            self.pools.state.copy_state(seq.state, state)
+            pool = self.pools.state()
+            assert pool is not None
+            pool.copy_state(seq.state, state)
         seq.owned_from = seq.computed
         n = seq.computed
         return Checkpoint(tuple(seq.tokens[:n]), tuple(seq.full), tuple(seq.swa), state)
@@ -155,8 +156,9 @@ class Session:
         seq.owned_from = len(ckpt.tokens)
         if self.spec.has_state:
             seq.state = self.states.take(1)[0]
-            assert self.pools.state is not None
-            self.pools.state.copy_state(ckpt.state, seq.state)
+            pool = self.pools.state()
+            assert pool is not None
+            pool.copy_state(ckpt.state, seq.state)
         return seq
 
 

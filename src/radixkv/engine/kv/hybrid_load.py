@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from radixkv.cache.hybrid.components import Freed
+from radixkv.engine.kv.state_kv import StateMemory
+from radixkv.engine.kv.swa_kv import SwaMemory
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.hybrid_tiers import HybridLoadPlan, HybridTierManager
+from radixkv.memory.hybrid import STATE, SWA
 
 if TYPE_CHECKING:
     from radixkv.engine.kv.components_kv import ComponentMemory
@@ -74,11 +78,12 @@ def _load(
     own = kv.allocator.page_slots(full_pages)
     tree = slots[:length] if plan.full_from == length else tree_full[: plan.full_from]
     full = np.concatenate([np.asarray(tree, dtype=np.int64), own])
+    swa_mem, state_mem = _swa(comp), _state(comp)
     swa_row = None
-    if comp.swa_alloc is not None:
+    if swa_mem is not None:
         swa_row = np.full(b, -1, dtype=np.int64)
         for (p, _), dev in zip(plan.swa, swa_pages or [], strict=True):
-            swa_row[p * ps : (p + 1) * ps] = comp.swa_alloc.page_slots([dev])
+            swa_row[p * ps : (p + 1) * ps] = swa_mem.page_slots([dev])
     ckpts = [(b, state_slot)] if state_slot >= 0 else []
     out = comp.cache.insert(
         req.tokens[:b], full, swa_row, ckpts, req.namespace, req.options.priority, length
@@ -87,12 +92,11 @@ def _load(
     dup = max(0, out.cached - plan.full_from) // ps
     if dup:
         kv.allocator.free_page_ids(full_pages[:dup])
-    if len(out.swa_free):
-        assert comp.swa_alloc is not None
-        comp.swa_alloc.free_slots_of_pages(out.swa_free)
-    if out.checkpoints_rejected:
-        assert comp.state_alloc is not None
-        comp.state_alloc.free_page_ids(list(out.checkpoints_rejected))
+    # What the tree refused of the loaded SWA pages and checkpoint goes back (Freed's shape).
+    refused = Freed(swa=out.swa_free, checkpoints=out.checkpoints_rejected)
+    for mem in (swa_mem, state_mem):
+        if mem is not None:
+            mem.take_freed(refused)
     tiers.on_insert(req, full, out.cached, b)
     # Resume where the tree's components vote now (a peek: the first match counted the hit).
     old = req.handle
@@ -113,20 +117,35 @@ def _alloc(
     if full is None:
         return None
     swa: list[int] = []
+    swa_mem, state_mem = _swa(comp), _state(comp)
     if plan.swa:
-        got = comp.alloc_swa(len(plan.swa))
+        assert swa_mem is not None
+        got = swa_mem.alloc(len(plan.swa))
         if got is None:
             kv.allocator.free_page_ids(full)
             return None
         swa = got
     state = -1
     if plan.state >= 0:
-        slot = comp.alloc_state()
+        assert state_mem is not None
+        slot = state_mem.alloc_slot()
         if slot is None:
             kv.allocator.free_page_ids(full)
             if swa:
-                assert comp.swa_alloc is not None
-                comp.swa_alloc.free_page_ids(swa)
+                assert swa_mem is not None
+                swa_mem.free_pages(swa)
             return None
         state = slot
     return full, swa, state
+
+
+def _swa(comp: ComponentMemory) -> SwaMemory | None:
+    mem = comp.kinds.get(SWA)
+    assert mem is None or isinstance(mem, SwaMemory)
+    return mem
+
+
+def _state(comp: ComponentMemory) -> StateMemory | None:
+    mem = comp.kinds.get(STATE)
+    assert mem is None or isinstance(mem, StateMemory)
+    return mem

@@ -185,7 +185,7 @@ class KVManager:
         [prefix_len, kv_len) (the partial tail page; everything when the cache is off) get fresh
         pages of the child's own. Returns (src, dst) FULL slots whose K/V the caller copies, or
         None (nothing changed) when no row or pages are free. A hybrid child gets copies of
-        the parent's own SWA K/V and working state here (`engine/kv/hybrid_fork.py`).
+        the parent's own SWA K/V and working state here (each kind's `bind_fork`).
         """
         if self.table.free_rows == 0:
             return None

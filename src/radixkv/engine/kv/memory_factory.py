@@ -23,7 +23,7 @@ from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.tiers import tier_setup
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import ModelPools, PoolSpec
+from radixkv.memory.hybrid import FULL, ModelPools, PoolSpec
 from radixkv.memory.pool import KVPool, KVPoolConfig
 from radixkv.memory.req_table import ReqToTokenTable
 
@@ -31,14 +31,12 @@ from radixkv.memory.req_table import ReqToTokenTable
 @dataclass(frozen=True)
 class EngineMemory:
     """What `build_memory` made. `pool` is the FULL pool (zero layers when the model has none);
-    `pools` every component pool of a hybrid model (None for a FULL-only model); `swa_table` the
-    SWA slots of each running request (hybrid models with SWA layers only)."""
+    `pools` every kind's pool of a hybrid model, keyed by kind (None for a FULL-only model)."""
 
     pool: KVPool
     pools: ModelPools | None
     allocator: PageAllocator
     table: ReqToTokenTable
-    swa_table: ReqToTokenTable | None
     kv: KVManager
     scratch_slot: int | None = None  # the decode graphs' scratch slot, outside the allocator
 
@@ -65,7 +63,7 @@ def build_memory(
     else:
         num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
         pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
-        pool = pools.full or KVPool(  # no FULL layer: zero-layer bookkeeping pool
+        pool = pools.kv(FULL) or KVPool(  # no FULL layer: zero-layer bookkeeping pool
             KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
         )
     allocator = PageAllocator(num_slots, page_size)
@@ -74,9 +72,6 @@ def build_memory(
     max_context = min(allocator.pages_for(max_model_len) * page_size, allocator.num_slots)
     max_running = cfg.scheduler.max_running_requests
     table = ReqToTokenTable(max_running, max_context, device)
-    swa_table = None
-    if pools is not None and pools.swa is not None:
-        swa_table = ReqToTokenTable(max_running, max_context, device)
     comp = None
     if spec is not None and pools is not None:
         components = ComponentMemory.components_of(spec)
@@ -85,7 +80,9 @@ def build_memory(
             pools,
             allocator,
             page_size,
-            swa_table,
+            max_running,
+            max_context,
+            device,
             setup.make_hybrid_cache(cfg.cache, components),
             cfg.cache.state_checkpoint_interval,
         )
@@ -101,4 +98,4 @@ def build_memory(
     tree = plain if comp is None else comp.cache
     events = kv_events.sink_for_engine(cfg.cache, tree, tiers, spec)
     kv = KVManager(allocator, table, plain, comp, tiers, events)
-    return EngineMemory(pool, pools, allocator, table, swa_table, kv, scratch_slot)
+    return EngineMemory(pool, pools, allocator, table, kv, scratch_slot)

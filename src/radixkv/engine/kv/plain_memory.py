@@ -86,13 +86,13 @@ class PlainMemory:
         return load_pages(kv, self.cache, req, length, slots)
 
     # -- forks: nothing besides the FULL row and pages the KV manager gives the child --------
-    def reserve_fork(self, parent: Request) -> tuple[list[int], int] | None:
-        return [], -1
+    def reserve_fork(self, parent: Request) -> dict[str, Any] | None:
+        return {}
 
-    def unreserve_fork(self, held: tuple[list[int], int]) -> None:
+    def unreserve_fork(self, held: dict[str, Any]) -> None:
         return None
 
-    def bind_fork(self, parent: Request, child: Request, held: tuple[list[int], int]) -> None:
+    def bind_fork(self, parent: Request, child: Request, held: dict[str, Any]) -> None:
         return None
 
     # -- per-request hooks: a FULL-only request owns nothing here ----------------------------

@@ -32,10 +32,8 @@ from radixkv.engine.tiers.manager import MAX_PREFETCH_PAGES, LoadPlan, TierManag
 from radixkv.engine.tiers.prefetch import PrefetchPolicy
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.host_state import HostStatePool
-from radixkv.memory.hybrid import ModelPools
+from radixkv.memory.hybrid import FULL, STATE, SWA, ModelPools
 from radixkv.storage import PageMeta
-
-SWA, STATE = "swa", "state"
 
 
 @dataclass
@@ -67,10 +65,11 @@ class HybridTierManager(TierManager):
         storage_timeout_s: float = 1.0,
         prefetch: PrefetchPolicy | None = None,
     ) -> None:
-        if pools.full is None:
+        full = pools.kv(FULL)
+        if full is None:
             raise ValueError("host/storage cache tiers need a model with full-attention layers")
         super().__init__(
-            pools.full,
+            full,
             page_size,
             host_pages,
             write_policy,
@@ -80,19 +79,20 @@ class HybridTierManager(TierManager):
             prefetch,
         )
         self.interval = interval
-        self.window = swa_window if pools.swa is not None else None
+        self.window = swa_window if SWA in pools else None
         self.window_pages = -(-self.window // page_size) if self.window is not None else None
         self.swa_host: HostKVPool | None = None
         self.state_host: HostStatePool | None = None
         self.indexes: dict[str, HostIndex] = {}
-        ratio = host_pages / max(1, pools.full.num_slots // page_size)
-        if pools.swa is not None:
-            n = max(1, round(ratio * (pools.swa.num_slots // page_size)))
-            self.swa_host = HostKVPool(pools.swa, n, page_size)
+        ratio = host_pages / max(1, full.num_slots // page_size)
+        swa, state = pools.kv(SWA), pools.state(STATE)
+        if swa is not None:
+            n = max(1, round(ratio * (swa.num_slots // page_size)))
+            self.swa_host = HostKVPool(swa, n, page_size)
             self.indexes[SWA] = HostIndex(n)
-        if pools.state is not None:
-            n = max(1, round(ratio * pools.state.num_slots))
-            self.state_host = HostStatePool(pools.state, n)
+        if state is not None:
+            n = max(1, round(ratio * state.num_slots))
+            self.state_host = HostStatePool(state, n)
             self.indexes[STATE] = HostIndex(n)
         self.swa_saved_pages = self.state_saved = 0
         if self.storage is not None:
@@ -101,22 +101,23 @@ class HybridTierManager(TierManager):
     def _add_stores(self, pools: ModelPools) -> None:
         assert self.storage is not None
         full = self.storage.worker.meta
-        if self.swa_host is not None and pools.swa is not None:
+        swa, state = pools.kv(SWA), pools.state(STATE)
+        if self.swa_host is not None and swa is not None:
             meta = PageMeta(
                 fingerprint=self.fingerprint,
                 dtype=full.dtype,
-                num_layers=pools.swa.config.num_layers,
+                num_layers=swa.config.num_layers,
                 page_size=self.page_size,
                 shape=self.swa_host.page_shape,
                 length=self.swa_host.page_bytes,
             )
             self.storage.worker.metas[SWA] = meta
             self.storage.add_store(SWA, self.indexes[SWA], self.swa_host)
-        if self.state_host is not None and pools.state is not None:
+        if self.state_host is not None and state is not None:
             meta = PageMeta(
                 fingerprint=self.fingerprint,
                 dtype=self.state_host.describe(),
-                num_layers=pools.state.num_layers,
+                num_layers=state.num_layers,
                 page_size=self.page_size,
                 shape=(self.state_host.page_bytes,),
                 length=self.state_host.page_bytes,

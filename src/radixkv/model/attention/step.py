@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from radixkv.memory.hybrid import ModelPools, PoolSpec
+from radixkv.memory.hybrid import FULL, SWA, ModelPools, PoolSpec
 from radixkv.memory.pool import KVPool
 from radixkv.model.attention.backend import AttentionBackend
 from radixkv.model.batch import ForwardBatch
@@ -55,13 +55,15 @@ def kv_components(
         return {"swa" if spec.has_swa and not spec.has_full else "full": (pools, batch)}
     out: dict[str, tuple[KVPool, ForwardBatch]] = {}
     if spec.has_full:
-        if pools.full is None:
-            raise ValueError("this model has full-attention layers: pools.full is required")
-        out["full"] = (pools.full, batch)
+        full = pools.kv(FULL)
+        if full is None:
+            raise ValueError("this model has full-attention layers: a FULL pool is required")
+        out["full"] = (full, batch)
     if spec.has_swa:
-        if pools.swa is None:
-            raise ValueError("this model has sliding-window layers: pools.swa is required")
-        out["swa"] = (pools.swa, swa_view(batch))
+        swa = pools.kv(SWA)
+        if swa is None:
+            raise ValueError("this model has sliding-window layers: an SWA pool is required")
+        out["swa"] = (swa, swa_view(batch))
     return out
 
 

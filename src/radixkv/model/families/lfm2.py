@@ -95,8 +95,9 @@ class Lfm2Layer(nn.Module):
 
     def _conv(self, h: torch.Tensor, fwd: Forward[RopeState]) -> torch.Tensor:
         b, c, x = self.in_proj(h).chunk(3, dim=-1)
-        assert fwd.pools is not None and fwd.pools.state is not None
-        conv_state = fwd.pools.state.tensors[self.pool_layer]["conv"]
+        pool = None if fwd.pools is None else fwd.pools.state()
+        assert pool is not None
+        conv_state = pool.tensors[self.pool_layer]["conv"]
         y = c * causal_conv(b * x, conv_state, fwd.prep.meta(), self.conv_w, self.conv_b)
         return self.out_proj(y)
 

@@ -199,8 +199,9 @@ class Qwen35Layer(nn.Module):
     def forward(self, x: torch.Tensor, fwd: Forward[RopeState]) -> torch.Tensor:
         h = rms_norm_1p(x, self.in_norm, self.eps)
         if isinstance(self.mixer, GatedDeltaNet):
-            assert fwd.pools is not None and fwd.pools.state is not None
-            state = fwd.pools.state.tensors[self.pool_layer]
+            pool = None if fwd.pools is None else fwd.pools.state()
+            assert pool is not None
+            state = pool.tensors[self.pool_layer]
             x = x + self.mixer(h, state, fwd.prep.meta())
         else:
             x = x + self.mixer(h, fwd.prep.cos, fwd.prep.sin, fwd.kv)

@@ -40,7 +40,7 @@ class StateMeta:
     @classmethod
     def build(cls, batch: ForwardBatch, pool: StatePool | None, device: torch.device) -> StateMeta:
         if pool is None:
-            raise ValueError("this model has state layers: pools.state is required")
+            raise ValueError("this model has state layers: a STATE pool is required")
         if batch.state_slots is None or len(batch.state_slots) != batch.num_requests:
             raise ValueError("this model has state layers: the batch needs one state slot/request")
         if len(set(batch.state_slots)) != len(batch.state_slots):
@@ -181,5 +181,5 @@ class RopeStateLM(DecoderLM[RopeState]):
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
         state = None
         if self.pool_spec.has_state:
-            state = StateMeta.build(batch, None if pools is None else pools.state, self.device)
+            state = StateMeta.build(batch, None if pools is None else pools.state(), self.device)
         return RopeState(cos, sin, state)

@@ -1,0 +1,104 @@
+"""The contract of one kind of KV memory for running requests (`KindMemory`), and what every
+kind is built from (`KindSetup`); the registry of kinds is `engine/kv/kinds.py`.
+
+vLLM v1's per-layer KV cache specs and its one manager per spec are the model: each kind of layer
+(sliding window, recurrent state, ...) keeps its own pool, allocator and per-request holdings,
+and one manager per kind answers the same calls. The hybrid coordinator (`ComponentMemory`,
+engine/kv/components_kv.py) iterates the kinds a model has; FULL attention is the KV manager's
+own (engine/kv/kv_manager.py) and is no entry here. A kind keeps what it holds for a request in
+`req.kv_kinds[kind]`, created when it first takes something and dropped at `release`.
+
+Calls that concern the tree (`on_match`, `tree_part`, `after_insert`, `take_freed`) read and
+write the tree's per-component fields: a kind the tree does not know (an encoder cache, a
+per-request scratch) returns None from `tree_part` and ignores the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch, HybridPrefixCache
+from radixkv.engine.request import Request
+from radixkv.memory.hybrid import PoolSpec
+
+
+@dataclass(frozen=True)
+class KindSetup:
+    """What a kind's memory is built from, besides its pool."""
+
+    spec: PoolSpec
+    page_size: int
+    rows: int  # request rows (the scheduler's max running requests)
+    max_context: int  # the longest row, in tokens
+    device: str
+    interval: int  # STATE checkpoint interval, in tokens (a whole number of pages)
+    cache: HybridPrefixCache | None  # the tree (None: the prefix cache is off)
+    # Ask the tree for room, e.g. evict(swa_slots=n) or evict(checkpoints=n): what it lets go
+    # of, of every kind, goes back to each one's allocator (`take_freed`).
+    evict: Callable[..., None]
+
+
+class KindMemory(Protocol):
+    """One kind's pool bookkeeping for running requests. Every call leaves its census balanced:
+    free + cached (in the tree) + held (by running requests) == its pool (`census`, `check`)."""
+
+    kind: str
+
+    # -- admission
+    def on_match(self, req: Request, m: HybridMatch) -> None:
+        """Remember what the tree's match gives this kind, for `bind`."""
+
+    def forget_match(self, req: Request) -> None: ...
+
+    def reserve(self, req: Request) -> bool:
+        """Take what `req` needs before it is bound; False (nothing taken) when short."""
+
+    def unreserve(self, req: Request) -> None:
+        """Give back what `reserve` took (another kind was short)."""
+
+    def bind(self, req: Request, prefix_len: int) -> None:
+        """`req` got its table row at `prefix_len` cached tokens."""
+
+    # -- stepping
+    def ensure(self, req: Request, end: int) -> bool:
+        """Room for positions < end; False (nothing changed) when short."""
+
+    def chunk_cap(self, req: Request) -> int | None:
+        """The longest next prefill chunk this kind allows (None: no limit)."""
+
+    def after_step(self, req: Request, was_prefill: bool) -> None: ...
+
+    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
+        """This kind's fields of the step's `ForwardBatch` (the runner's `from_table` keywords)."""
+
+    # -- the tree
+    def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:
+        """What this kind hands the tree with req.tokens[:aligned] (None: nothing)."""
+
+    def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
+        """Free what the tree refused of `part`; give up what it adopted."""
+
+    def rewrite_prefix(self, req: Request, handle: Any) -> None:
+        """req's lock moved onto `handle`: read the tree's data for that prefix."""
+
+    def take_freed(self, freed: Freed) -> None:
+        """Return what an eviction took from the tree, of this kind, to the allocator."""
+
+    # -- forks (n > 1: copy-on-write copies of the parent's own data)
+    def reserve_fork(self, parent: Request) -> Any:
+        """What a fork of `parent` needs, taken now; None (nothing taken) when short."""
+
+    def unreserve_fork(self, held: Any) -> None: ...
+
+    def bind_fork(self, parent: Request, child: Request, held: Any) -> None: ...
+
+    # -- the end, and the books
+    def release(self, req: Request) -> None:
+        """Free everything `req` still holds of this kind."""
+
+    def census(self, running: Sequence[Request]) -> dict[str, int]:
+        """{"size", "free", "cached", "held"}."""
+
+    def check(self, running: Sequence[Request]) -> None: ...

@@ -1,0 +1,222 @@
+"""A new kind of KV memory is its own module plus one registry line (issue 36, step 1).
+
+`Scratch` below is a test-only kind, the shape of an encoder cache: each running request holds one
+slot of its own pool for its whole life, a fork gets a copy, the tree never sees it. It is
+registered with one line (`KINDS[SCRATCH] = ScratchMemory`) and then driven through the real KV
+manager and the hybrid coordinator next to a STATE kind: admission, prefill, decode, a fork, the
+tree's insert and release, with every census checked after each call. Nothing else is changed for
+it: the KV manager and `ComponentMemory` iterate the kinds they are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from radixkv.cache import HybridCache
+from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch
+from radixkv.engine.kv.components_kv import ComponentMemory
+from radixkv.engine.kv.kind_memory import KindSetup
+from radixkv.engine.kv.kinds import KINDS
+from radixkv.engine.kv.kv_manager import KVManager
+from radixkv.engine.request import Request
+from radixkv.engine.types import RequestOptions, SamplingParams
+from radixkv.memory.allocator import PageAllocator
+from radixkv.memory.hybrid import (
+    FULL,
+    STATE,
+    ModelPools,
+    PoolSpec,
+    StateLayerSpec,
+    StateTensorSpec,
+)
+from radixkv.memory.pool import KVPool, KVPoolConfig
+from radixkv.memory.req_table import ReqToTokenTable
+
+SCRATCH = "scratch"
+PS = 4
+
+
+# -- the test-only kind: what a new kind's module holds ---------------------------------------
+@dataclass
+class ScratchHold:
+    slot: int = -1
+
+
+class ScratchMemory:
+    """One scratch slot per running request (a tensor row it fills at bind), copied on fork."""
+
+    kind = SCRATCH
+
+    def __init__(self, pool: torch.Tensor, setup: KindSetup) -> None:
+        self.pool = pool
+        self.alloc_ = PageAllocator(pool.shape[0], 1)
+        self.bound: list[str] = []  # what the coordinator called, for the test to read
+
+    def _slot(self, req: Request) -> int:
+        h = req.kv_kinds.get(SCRATCH)
+        return -1 if h is None else int(h.slot)
+
+    def on_match(self, req: Request, m: HybridMatch) -> None:
+        return None
+
+    def forget_match(self, req: Request) -> None:
+        return None
+
+    def reserve(self, req: Request) -> bool:
+        got = self.alloc_.alloc_pages(1)
+        if got is None:
+            return False
+        req.kv_kinds[SCRATCH] = ScratchHold(got[0])
+        return True
+
+    def unreserve(self, req: Request) -> None:
+        h = req.kv_kinds.pop(SCRATCH, None)
+        if h is not None:
+            self.alloc_.free_page_ids([h.slot])
+
+    def bind(self, req: Request, prefix_len: int) -> None:
+        self.pool[self._slot(req)] = float(len(req.prompt_ids))
+        self.bound.append(req.request_id)
+
+    def ensure(self, req: Request, end: int) -> bool:
+        return True
+
+    def chunk_cap(self, req: Request) -> int | None:
+        return 3  # this kind prefills 3 tokens a step at most
+
+    def after_step(self, req: Request, was_prefill: bool) -> None:
+        self.pool[self._slot(req)] += 1
+
+    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
+        return {}
+
+    def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:
+        return None
+
+    def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
+        return None
+
+    def rewrite_prefix(self, req: Request, handle: Any) -> None:
+        return None
+
+    def take_freed(self, freed: Freed) -> None:
+        return None
+
+    def reserve_fork(self, parent: Request) -> int | None:
+        got = self.alloc_.alloc_pages(1)
+        return None if got is None else got[0]
+
+    def unreserve_fork(self, held: int) -> None:
+        self.alloc_.free_page_ids([held])
+
+    def bind_fork(self, parent: Request, child: Request, held: int) -> None:
+        child.kv_kinds[SCRATCH] = ScratchHold(held)
+        self.pool[held] = self.pool[self._slot(parent)]
+
+    def release(self, req: Request) -> None:
+        h = req.kv_kinds.pop(SCRATCH, None)
+        if h is not None:
+            self.alloc_.free_page_ids([h.slot])
+
+    def census(self, running: Sequence[Request]) -> dict[str, int]:
+        held = sum(self._slot(r) >= 0 for r in running)
+        size, free = self.alloc_.num_pages, self.alloc_.free_pages
+        return {"size": size, "free": free, "cached": 0, "held": held}
+
+    def check(self, running: Sequence[Request]) -> None:
+        self.alloc_.check()
+
+
+# -- driving it through the KV manager --------------------------------------------------------
+def _request(rid: str, prompt: list[int]) -> Request:
+    stream: Any = None
+    return Request(rid, prompt, SamplingParams(), RequestOptions(), stream, None)
+
+
+def _memory(monkeypatch: pytest.MonkeyPatch, scratch_slots: int) -> tuple[KVManager, Any]:
+    monkeypatch.setitem(KINDS, SCRATCH, ScratchMemory)  # the one registry line
+    state = StateLayerSpec((StateTensorSpec("h", (2,)),))
+    spec = PoolSpec(1, 0, None, 1, 2, (state,))
+    pools = spec.make_pools(64, 0, 8)
+    pools = ModelPools({**{k: pools[k] for k in pools.kinds}, SCRATCH: torch.zeros(scratch_slots)})
+    allocator = PageAllocator(64, PS)
+    table = ReqToTokenTable(4, 64)
+    tree = HybridCache(ComponentMemory.components_of(spec), PS)
+    comp = ComponentMemory(spec, pools, allocator, PS, 4, 64, "cpu", tree, 8)
+    return KVManager(allocator, table, None, comp), pools[SCRATCH]
+
+
+def _admit(kv: KVManager, req: Request) -> bool:
+    prefix_len, slots = kv.match_and_lock(req)
+    pages = kv.alloc(kv.allocator.pages_for(len(req.tokens)) - prefix_len // PS)
+    if pages is None or not kv.reserve_components(req):
+        if pages is not None:
+            kv.allocator.free_page_ids(pages)
+        kv.unlock(req)
+        return False
+    kv.bind(req, prefix_len, slots, pages)
+    return True
+
+
+def _prefill(kv: KVManager, req: Request, running: list[Request]) -> int:
+    steps = 0
+    while req.pending > 1:
+        n = min(req.pending - 1, kv.chunk_cap(req))
+        assert n <= 3, "the scratch kind's chunk cap binds"
+        assert kv.prepare_chunk(req, n)
+        req.kv_len += n
+        kv.after_step(req, was_prefill=True)
+        kv.commit_prefix(req)
+        kv.check(running)
+        steps += 1
+    return steps
+
+
+def test_a_test_only_kind_rides_the_one_memory_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    kv, scratch = _memory(monkeypatch, scratch_slots=2)
+    comp = kv.comp
+    assert isinstance(comp, ComponentMemory) and list(comp.kinds) == [STATE, SCRATCH]
+    a = _request("a", list(range(10, 23)))
+    assert _admit(kv, a)
+    running = [a]
+    kv.check(running)
+    assert _prefill(kv, a, running) >= 4  # 12 tokens, 3 at most a step
+    assert a.kv_kinds[SCRATCH].slot >= 0 and float(scratch[a.kv_kinds[SCRATCH].slot]) > 13
+    census = comp.census(running)
+    assert census[SCRATCH] == {"size": 2, "free": 1, "cached": 0, "held": 1}
+    assert census[STATE]["held"] == 1
+    # A fork: the scratch kind gets its own slot, a copy of the parent's.
+    b = _request("a", a.prompt_ids)
+    b.index = 1
+    assert kv.fork(a, b) is not None
+    running.append(b)
+    kv.check(running)
+    pa, pb = a.kv_kinds[SCRATCH].slot, b.kv_kinds[SCRATCH].slot
+    assert pa != pb and float(scratch[pb]) == float(scratch[pa])
+    # The scratch pool is full now: a third request waits, nothing is kept from the try.
+    c = _request("c", list(range(50, 60)))
+    free_state = comp.census(running)[STATE]["free"]
+    assert not _admit(kv, c)
+    assert comp.census(running)[STATE]["free"] == free_state  # its state slot was given back
+    kv.check(running)
+    for r in (a, b):
+        kv.release(r)
+        running.remove(r)
+        kv.check(running)
+    assert comp.census(running)[SCRATCH]["free"] == 2
+    assert _admit(kv, c)  # room again
+    kv.release(c)
+    kv.check([])
+
+
+def test_an_unregistered_kind_is_refused() -> None:
+    spec = PoolSpec(1, 0, None, 1, 2)
+    full = KVPool(KVPoolConfig(1, 1, 2, 16))
+    pools = ModelPools({FULL: full, "mla": torch.zeros(4)})
+    with pytest.raises(ValueError, match=r"no memory registered.*mla"):
+        ComponentMemory(spec, pools, PageAllocator(16, PS), PS, 2, 16, "cpu", None, 8)
