@@ -15,6 +15,7 @@ import pytest
 import torch
 from naive_attention import NaiveAttention
 
+from radixkv.memory.hybrid import FULL, SWA, ModelPools
 from radixkv.model import load_model
 from radixkv.model.attention import (
     AttentionBackend,
@@ -245,16 +246,18 @@ def _decode_batch(sess: Session, seqs: list) -> ForwardBatch:
 
 
 def _clone_pools(pools: Any) -> Any:
-    out = dataclasses.replace(pools)
-    for kind in ("full", "swa"):
-        pool = getattr(pools, kind)
-        if pool is not None:
+    """The same ModelPools with the attention kinds' K/V cloned (other kinds shared)."""
+    out = {}
+    for kind in pools.kinds:
+        pool = pools[kind]
+        if kind in (FULL, SWA):
             twin = object.__new__(type(pool))
             twin.__dict__.update(pool.__dict__)
             twin.k = [t.clone() for t in pool.k]
             twin.v = [t.clone() for t in pool.v]
-            out = dataclasses.replace(out, **{kind: twin})
-    return out
+            pool = twin
+        out[kind] = pool
+    return ModelPools(out)
 
 
 def test_select_backend_follows_the_device_and_the_override(
