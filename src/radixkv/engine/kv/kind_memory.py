@@ -17,11 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch, HybridPrefixCache
 from radixkv.engine.request import Request
 from radixkv.memory.hybrid import PoolSpec
+
+H = TypeVar("H")
+
+
+def holding(req: Request, kind: str, make: Callable[[], H]) -> H:
+    """req's holding of `kind` (`req.kv_kinds[kind]`), made by `make` on first use."""
+    h = req.kv_kinds.get(kind)
+    if h is None:
+        h = req.kv_kinds[kind] = make()
+    return h
 
 
 @dataclass(frozen=True)

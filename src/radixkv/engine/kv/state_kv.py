@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch
-from radixkv.engine.kv.kind_memory import KindSetup
+from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import STATE, StatePool
@@ -38,10 +38,7 @@ class StateHold:
 
 def hold(req: Request) -> StateHold:
     """req's STATE holding (made on first use)."""
-    h = req.kv_kinds.get(STATE)
-    if h is None:
-        h = req.kv_kinds[STATE] = StateHold()
-    return h
+    return holding(req, STATE, StateHold)
 
 
 def _owned(req: Request) -> list[int]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch
-from radixkv.engine.kv.kind_memory import KindSetup
+from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import SWA
@@ -37,10 +37,7 @@ class SwaHold:
 
 def hold(req: Request) -> SwaHold:
     """req's SWA holding (made on first use)."""
-    h = req.kv_kinds.get(SWA)
-    if h is None:
-        h = req.kv_kinds[SWA] = SwaHold()
-    return h
+    return holding(req, SWA, SwaHold)
 
 
 def _pages(req: Request) -> list[int]:
