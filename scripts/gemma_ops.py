@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import radixkv.model.nn.layers as layers
 from radixkv.engine.engine import Engine
@@ -30,8 +29,7 @@ class _TorchFormulas:
         return layers.rms_norm_1p_torch(x, w, eps)
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, -1)
-        return F.gelu(gate, approximate="tanh") * up
+        return layers.gelu_mul_torch(gate_up, tanh=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.kernels, name)

@@ -83,6 +83,11 @@ def _silu_mul_impl(gate_up: torch.Tensor) -> torch.Tensor:
     k = _cpp(gate_up)
     if k is not None:
         return k.silu_mul(gate_up)
+    return silu_mul_torch(gate_up)
+
+
+def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in torch's element-wise ops (the formula the kernels follow)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -94,6 +99,11 @@ def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     k = _cpp(x)
     if k is not None and x.dim() == 3 and cos.dtype == sin.dtype == x.dtype:
         return k.rope(x, cos, sin)
+    return rope_torch(x, cos, sin)
+
+
+def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in torch's element-wise ops: (x1 c - x2 s, x2 c + x1 s) per half."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos[:, None, :half], sin[:, None, :half]
@@ -121,6 +131,11 @@ def _gelu_mul_impl(gate_up: torch.Tensor, tanh: bool) -> torch.Tensor:
     k = _cpp(gate_up)
     if k is not None and tanh:
         return k.gelu_tanh_mul(gate_up)
+    return gelu_mul_torch(gate_up, tanh)
+
+
+def gelu_mul_torch(gate_up: torch.Tensor, tanh: bool) -> torch.Tensor:
+    """gelu(gate) * up in torch's element-wise ops."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh" if tanh else "none") * up
 

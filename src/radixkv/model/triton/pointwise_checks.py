@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from radixkv.model.nn import layers
 from radixkv.model.triton import pointwise
 
 # (atol, rtol) against the torch formula: 16-bit results may differ by a rounding step, where
@@ -27,23 +27,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _norm_torch(x: torch.Tensor, w: torch.Tensor, eps: float, one_plus: bool) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if one_plus:
-        return (xf * (1.0 + w.float())).to(x.dtype)
-    return w * xf.to(x.dtype)
-
-
-def _rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :half], sin[:, None, :half]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-
-def _silu_torch(gu: torch.Tensor) -> torch.Tensor:
-    gate, up = gu.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return layers.rms_norm_1p_torch(x, w, eps) if one_plus else layers.rms_norm_torch(x, w, eps)
 
 
 @dataclass(frozen=True)
@@ -77,13 +61,13 @@ def problems(dtype: torch.dtype, device: str | torch.device) -> list[Problem]:
                            lambda x, w, e: pointwise.rms_norm(x, w, e, one_plus=True),
                            lambda x, w, e: _norm_torch(x, w, e, True), (x, w, 1e-6)))  # fmt: skip
         gu = rnd(5, 2 * (4 * hidden // 3))
-        out.append(Problem(f"silu_mul-{hidden}", pointwise.silu_mul, _silu_torch, (gu,)))
+        out.append(Problem(f"silu_mul-{hidden}", pointwise.silu_mul, layers.silu_mul_torch, (gu,)))
         qkv = rnd(6, (heads + 2 * kv) * 64)
         q = qkv[:, : heads * 64].view(6, heads, 64)  # a strided view, as the model has it
         ang = torch.rand(6, 32, generator=g) * 100
         cos = torch.cat((ang, ang), -1).cos().to(dtype).to(device)
         sin = torch.cat((ang, ang), -1).sin().to(dtype).to(device)
-        out.append(Problem(f"rope-{heads}x64", pointwise.rope, _rope_torch, (q, cos, sin),
+        out.append(Problem(f"rope-{heads}x64", pointwise.rope, layers.rope_torch, (q, cos, sin),
                            per_row=(0, 1, 2)))  # fmt: skip
     return out
 
