@@ -122,6 +122,8 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        if self.regret is not None:
+            self.regret.advance()  # a slice of its periodic replay, if one is in progress
         self._grow_decodes()
         batch = self._build()
         # Hybrid SWA pools can leave every running prefill without room for its next chunk;

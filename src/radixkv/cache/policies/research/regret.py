@@ -7,15 +7,32 @@ by page count). Every `every` records, and on demand, `belady` replays the windo
 cache at the same capacity (the KV pool, in pages); the two hit rates side by side say how much
 a better eviction policy could still win on this traffic. The bound starts cold like the window
 itself, so early in a window it is a slight underestimate of an optimal warm cache.
+
+It runs on the engine's thread, so no call may hold it long: the keys are computed vectorized
+(`page_keys`), and the periodic replay (tens of milliseconds over a full window) is a resumable
+job over a snapshot of the window that `record` and `advance` (once per scheduler step) run for
+at most `slice_s` each; `last` changes when a replay ends. `compute` (on demand) runs one whole.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass
 
-from radixkv.cache.policies.research.belady import belady, page_keys
+import numpy as np
+import numpy.typing as npt
+
+from radixkv.cache.policies.research.belady import (
+    BeladyResult,
+    belady,
+    belady_steps,
+    page_keys_array,
+)
+
+# (page keys, prompt tokens, served tokens) of a request
+_Entry = tuple[npt.NDArray[np.uint64], int, int]
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class RegretWindow:
         max_requests: int = 2048,
         max_pages: int = 65_536,
         every: int = 256,
+        slice_s: float = 0.002,
     ) -> None:
         if page_size < 1 or max_requests < 1 or every < 1:
             raise ValueError("page_size, max_requests and every must be >= 1")
@@ -51,11 +69,14 @@ class RegretWindow:
         self.max_requests = max_requests
         self.max_pages = max_pages
         self.every = every
+        self.slice_s = slice_s
         # (page keys, prompt tokens, served tokens) per request, oldest first
-        self._window: deque[tuple[list[int], int, int]] = deque()
+        self._window: deque[_Entry] = deque()
         self._pages = 0
         self._since = 0
         self.last = RegretReport(0, 0, 0.0, 0.0, capacity_tokens)
+        # The periodic replay in progress: the window's snapshot and the paused Belady job.
+        self._job: tuple[list[_Entry], Generator[None, None, BeladyResult]] | None = None
 
     def __len__(self) -> int:
         return len(self._window)
@@ -68,7 +89,7 @@ class RegretWindow:
         served_tokens: int,
     ) -> None:
         """One admitted request: `query` is what was matched against the cache."""
-        keys = page_keys(query, self.page_size, namespace)
+        keys = page_keys_array(query, self.page_size, namespace)
         self._window.append((keys, prompt_tokens, served_tokens))
         self._pages += len(keys)
         while len(self._window) > self.max_requests or (
@@ -76,24 +97,55 @@ class RegretWindow:
         ):
             self._pages -= len(self._window.popleft()[0])
         self._since += 1
-        if self._since >= self.every:
-            self.compute()
+        if self._since >= self.every and self._job is None:
+            self._since = 0
+            window = list(self._window)
+            job = belady_steps([w[0] for w in window], self._capacity_pages(), chunk=256)
+            self._job = (window, job)
+        self.advance()
+
+    @property
+    def replaying(self) -> bool:
+        """Whether a periodic replay is in progress (`advance` continues it)."""
+        return self._job is not None
+
+    def advance(self, budget_s: float | None = None) -> None:
+        """Continue the periodic replay for at most about `budget_s` (default `slice_s`)."""
+        if self._job is None:
+            return
+        window, job = self._job
+        end = time.perf_counter() + (self.slice_s if budget_s is None else budget_s)
+        try:
+            while True:
+                next(job)
+                if time.perf_counter() >= end:
+                    return
+        except StopIteration as stop:
+            self._job = None
+            self.last = self._report(window, stop.value)
 
     def compute(self) -> RegretReport:
-        """Replay the window through Belady now; also stored as `last`."""
+        """Replay the whole window through Belady now (a periodic replay in progress is
+        dropped); also stored as `last`."""
         self._since = 0
+        self._job = None
         window = list(self._window)
-        opt = belady([w[0] for w in window], self.capacity_tokens // self.page_size)
+        self.last = self._report(window, belady([w[0] for w in window], self._capacity_pages()))
+        return self.last
+
+    def _capacity_pages(self) -> int:
+        return self.capacity_tokens // self.page_size
+
+    def _report(self, window: list[_Entry], opt: BeladyResult) -> RegretReport:
         prompt = sum(w[1] for w in window)
         served = sum(w[2] for w in window)
         best = sum(
             min(h * self.page_size, w[1]) for h, w in zip(opt.hit_pages, window, strict=True)
         )
-        self.last = RegretReport(
+        return RegretReport(
             len(window),
             prompt,
             served / prompt if prompt else 0.0,
             best / prompt if prompt else 0.0,
             self.capacity_tokens,
         )
-        return self.last
