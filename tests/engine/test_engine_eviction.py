@@ -43,7 +43,29 @@ def test_regret_window_reports_live_and_belady_hit_rates() -> None:
     assert rep["capacity_tokens"] == eng.allocator.num_slots
     m = eng.metrics()
     assert m.window_requests == len(prompts) and m.window_belady_hit_rate > 0
+    assert rep["fresh"]  # idle: replayed whole, now
     assert make_engine(regret_window=0).regret_stats() == {"enabled": False}
+
+
+def test_regret_stats_while_busy_do_not_replay_on_the_spot() -> None:
+    """With requests in flight, `regret_stats` returns the last report and starts a sliced
+    replay that the steps carry on; it shows up once the steps have run it."""
+    prompts = shared_prefix_workload()
+    eng = make_engine(page_size=4)
+    for p in prompts[:3]:
+        eng.generate([p], GREEDY)
+    assert eng.regret_stats()["requests"] == 3
+    eng.add_request(prompts[3], GREEDY)
+    eng.step()  # admitted (recorded), still running
+    window = eng.scheduler.regret
+    assert window is not None and eng.scheduler.has_work
+    busy = eng.regret_stats()
+    assert not busy["fresh"] and busy["requests"] == 3  # the last report, not recomputed
+    assert window.replaying
+    while eng.scheduler.has_work:
+        eng.step()
+    assert not window.replaying and window.last.requests == 4  # the steps finished it
+    eng.check_memory()
 
 
 def test_regret_window_is_bounded_and_periodic() -> None:

@@ -354,9 +354,10 @@ class Engine:
         return stats.snapshot(self)
 
     def regret_stats(self) -> dict[str, Any]:
-        """Recompute the live-regret report now (Belady over the recent window at the pool's
-        capacity) and return it as plain data; `enabled` False when there is no window."""
-        return stats.regret_stats(self.scheduler.regret)
+        """The live-regret report (Belady over the recent window at the pool's capacity) as
+        plain data, recomputed now when idle (engine/stats.py); `enabled` False without a
+        window."""
+        return stats.regret_stats(self.scheduler.regret, busy=self.scheduler.has_work)
 
     def close_session(self, session_id: str) -> bool:
         """Drop the session's references on the cache (session-aware eviction); False if it

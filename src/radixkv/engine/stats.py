@@ -102,12 +102,20 @@ def window_fields(regret: RegretWindow | None) -> dict[str, Any]:
     }
 
 
-def regret_stats(regret: RegretWindow | None) -> dict[str, Any]:
-    """Recompute the live-regret report now, as plain data (`enabled` False without a window)."""
+def regret_stats(regret: RegretWindow | None, busy: bool) -> dict[str, Any]:
+    """The live-regret report as plain data (`enabled` False without a window). Idle, the
+    window is replayed whole now; busy (requests running or waiting), a whole replay would
+    stall them for up to ~80 ms, so the last report is returned (`requests` = its window,
+    `fresh` False) and a sliced replay of the current window starts, which the steps carry
+    on."""
     if regret is None:
         return {"enabled": False}
-    rep = regret.compute()
-    return {"enabled": True, **dataclasses.asdict(rep), "regret": rep.regret}
+    if busy:
+        regret.refresh()
+        rep, fresh = regret.last, False
+    else:
+        rep, fresh = regret.compute(), True
+    return {"enabled": True, **dataclasses.asdict(rep), "regret": rep.regret, "fresh": fresh}
 
 
 def maybe_log(engine: Engine, interval_s: float) -> None:

@@ -83,7 +83,7 @@ class RegretWindow:
 
     def record(
         self,
-        query: Sequence[int],
+        query: Sequence[int] | npt.NDArray[np.int64],
         namespace: Hashable | None,
         prompt_tokens: int,
         served_tokens: int,
@@ -97,12 +97,18 @@ class RegretWindow:
         ):
             self._pages -= len(self._window.popleft()[0])
         self._since += 1
-        if self._since >= self.every and self._job is None:
+        if self._since >= self.every:
+            self.refresh()
+        self.advance()
+
+    def refresh(self) -> None:
+        """Start a replay of the window as it is now, unless one is in progress (`advance`
+        carries it on; `last` changes when it ends)."""
+        if self._job is None:
             self._since = 0
             window = list(self._window)
             job = belady_steps([w[0] for w in window], self._capacity_pages(), chunk=256)
             self._job = (window, job)
-        self.advance()
 
     @property
     def replaying(self) -> bool:
