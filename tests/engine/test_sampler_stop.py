@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import torch
 
-from radixkv.engine.sampling.sampler import make_generator, sample, sample_one
+from radixkv.engine.sampling.sampler import (
+    argmax_rows,
+    make_generator,
+    rows_of,
+    sample,
+    sample_one,
+)
 from radixkv.engine.sampling.stop import TextStream
 from radixkv.engine.types import SamplingParams
 
@@ -87,3 +93,27 @@ def test_batched_and_single_row_draws_agree() -> None:
     batched = sample(logits, params, [make_generator(i) for i in range(5)])
     single = [sample_one(logits[i], params[i], make_generator(i)) for i in range(5)]
     assert batched == single
+
+
+def test_greedy_rows_take_the_first_maximum_as_torch_does() -> None:
+    """The numpy argmax the CPU path uses against torch.argmax: ties (the first index wins),
+    rows of one value, -inf masks, a non-contiguous view, and the greedy path end to end."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5000, generator=gen)
+    x[1, 17] = x[1, 4000] = 50.0  # a tie: 17
+    x[2] = 1.0  # all equal: 0
+    x[3, :4000] = float("-inf")
+    x[4] = torch.round(x[4])  # many ties
+    for view in (x, x[:, ::2], x.t().contiguous().t()):
+        assert argmax_rows(view) == torch.argmax(view, dim=-1).tolist()
+    greedy = SamplingParams(temperature=0.0)
+    assert sample(x, [greedy] * 6, [None] * 6) == torch.argmax(x, dim=-1).tolist()
+    assert sample_one(x[1], greedy, None) == 17
+
+
+def test_rows_of_copies_only_a_subset() -> None:
+    x = torch.arange(12.0).reshape(4, 3)
+    assert rows_of(x, [0, 1, 2, 3]) is x  # every row in order: the tensor itself
+    assert torch.equal(rows_of(x, [1, 3]), x[[1, 3]])
+    assert torch.equal(rows_of(x, [3, 2, 1, 0]), x.flip(0))  # all rows, another order
+    assert torch.equal(rows_of(x, [0, 1, 2]), x[:3])

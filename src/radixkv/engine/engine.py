@@ -19,6 +19,7 @@ from radixkv.engine.request import Request, Status
 from radixkv.engine.runner import ModelRunner
 from radixkv.engine.sampling import choices
 from radixkv.engine.sampling.logits import next_tokens
+from radixkv.engine.sampling.sampler import rows_of
 from radixkv.engine.scheduler import Scheduler
 from radixkv.engine.stats import Totals
 from radixkv.engine.tiers.manager import TierManager
@@ -214,7 +215,7 @@ class Engine:
         self.totals.forked += choices.fork_ready(self, rows, reqs)
         if rows:
             t0 = time.perf_counter()
-            tokens, lps = next_tokens(logits[rows], reqs)
+            tokens, lps = next_tokens(rows_of(logits, rows), reqs)
             now = time.perf_counter()
             forward_s += now - t0  # the device sync (an async forward) lands here
             for req, tok, lp in zip(reqs, tokens, lps, strict=True):

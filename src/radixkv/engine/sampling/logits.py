@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from radixkv.engine.sampling.sampler import sample, sample_one
+from radixkv.engine.sampling.sampler import rows_of, sample, sample_one
 from radixkv.engine.types import SamplingParams, TokenLogprobs
 
 
@@ -64,7 +64,9 @@ def next_tokens(
     special = [i for i, r in enumerate(reqs) if r.sampling.processed]
     if plain:
         got = sample(
-            logits[plain], [reqs[i].sampling for i in plain], [reqs[i].generator for i in plain]
+            rows_of(logits, plain),
+            [reqs[i].sampling for i in plain],
+            [reqs[i].generator for i in plain],
         )
         for i, t in zip(plain, got, strict=True):
             tokens[i] = t
@@ -77,7 +79,7 @@ def next_tokens(
     out: list[TokenLogprobs | None] = [None] * n
     want = [i for i, r in enumerate(reqs) if r.sampling.logprobs is not None]
     if want:
-        lps = torch.log_softmax(logits[want].float(), dim=-1).cpu()
+        lps = torch.log_softmax(rows_of(logits, want).float(), dim=-1).cpu()
         for j, i in enumerate(want):
             out[i] = token_logprobs(lps[j], tokens[i], int(reqs[i].sampling.logprobs))
     for i, r in enumerate(reqs):
