@@ -5,7 +5,9 @@ slot of its own pool for its whole life, a fork gets a copy, the tree never sees
 registered with one line (`KINDS[SCRATCH] = ScratchMemory`) and then driven through the real KV
 manager and the hybrid coordinator next to a STATE kind: admission, prefill, decode, a fork, the
 tree's insert and release, with every census checked after each call. Nothing else is changed for
-it: the KV manager and `ComponentMemory` iterate the kinds they are given.
+it: the KV manager and `ComponentMemory` iterate the kinds they are given. The tiers need nothing of
+it either: a kind the tree never sees has no tier store, and a prefix evicted from the device comes
+back from the host tier (FULL pages and a STATE checkpoint) for a request that holds a scratch slot.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from radixkv.engine.kv.kind_memory import KindSetup
 from radixkv.engine.kv.kinds import KINDS
 from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.kind_store import StoreSetup
+from radixkv.engine.tiers.manager import TierManager
+from radixkv.engine.tiers.tier_setup import make_stores
 from radixkv.engine.types import RequestOptions, SamplingParams
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import (
@@ -138,7 +143,9 @@ def _request(rid: str, prompt: list[int]) -> Request:
     return Request(rid, prompt, SamplingParams(), RequestOptions(), stream, None)
 
 
-def _memory(monkeypatch: pytest.MonkeyPatch, scratch_slots: int) -> tuple[KVManager, Any]:
+def _memory(
+    monkeypatch: pytest.MonkeyPatch, scratch_slots: int, host_tier: bool = False
+) -> tuple[KVManager, Any]:
     monkeypatch.setitem(KINDS, SCRATCH, ScratchMemory)  # the one registry line
     state = StateLayerSpec((StateTensorSpec("h", (2,)),))
     spec = PoolSpec(1, 0, None, 1, 2, (state,))
@@ -148,7 +155,12 @@ def _memory(monkeypatch: pytest.MonkeyPatch, scratch_slots: int) -> tuple[KVMana
     table = ReqToTokenTable(4, 64)
     tree = HybridCache(ComponentMemory.components_of(spec), PS)
     comp = ComponentMemory(spec, pools, allocator, PS, 4, 64, "cpu", tree, 8)
-    return KVManager(allocator, table, None, comp), pools[SCRATCH]
+    tiers = None
+    if host_tier:  # L2 as the engine builds it: a store for each kind the registry names
+        stores = make_stores(pools, StoreSetup(spec, PS, 1.0, 8, "fp"))
+        assert [s.kind for s in stores] == [STATE]  # the scratch kind has none
+        tiers = TierManager(pools[FULL], PS, 16, "write_through", "fp", stores=stores)
+    return KVManager(allocator, table, None, comp, tiers), pools[SCRATCH]
 
 
 def _admit(kv: KVManager, req: Request) -> bool:
@@ -220,3 +232,37 @@ def test_an_unregistered_kind_is_refused() -> None:
     pools = ModelPools({FULL: full, "mla": torch.zeros(4)})
     with pytest.raises(ValueError, match=r"no memory registered.*mla"):
         ComponentMemory(spec, pools, PageAllocator(16, PS), PS, 2, 16, "cpu", None, 8)
+
+
+def test_a_prefix_comes_back_from_the_host_tier_next_to_a_test_only_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """L2 on, the scratch kind registered and no tier change for it: a finished request's FULL
+    pages and STATE checkpoints reach L2; evicted from the device (and the device's state values
+    lost), they load back for the same prompt, whose working state is the checkpoint's and which
+    gets its scratch slot as any request; every census (device, kinds, host) balances."""
+    kv, _ = _memory(monkeypatch, scratch_slots=2, host_tier=True)
+    comp, tiers = kv.comp, kv.tiers
+    assert isinstance(comp, ComponentMemory) and isinstance(tiers, TierManager)
+    state = comp.pools[STATE].tensors[0]["h"]
+    prompt = list(range(10, 23))  # 12 tokens prefilled: checkpoints at 4, 8 and 12
+    a = _request("a", prompt)
+    assert _admit(kv, a)
+    state[a.kv_kinds[STATE].slot] = 7.0  # what the model's state would be
+    _prefill(kv, a, [a])
+    kv.release(a)
+    kv.check([])
+    assert tiers.stats()["host_state_saved"] == 3 and tiers.counters.host_saved_pages == 3
+    comp.flush(idle=False)  # the device's tree lets everything go (L2 keeps it) ...
+    state.zero_()  # ... and its state values are gone
+    kv.check([])
+    assert comp.census([])[STATE]["cached"] == 0 and kv.census([])[1] == 0
+    b = _request("b", prompt)
+    assert _admit(kv, b)
+    kv.check([b])
+    assert b.prefix_len == 12 and tiers.loaded_split(b) == (12, 0)
+    assert float(state[b.kv_kinds[STATE].slot][0]) == 7.0  # resumed from the loaded checkpoint
+    assert b.kv_kinds[SCRATCH].slot >= 0
+    assert tiers.index.held_pages == 0 and tiers.stores[STATE].index.held_pages == 0
+    kv.release(b)
+    kv.check([])

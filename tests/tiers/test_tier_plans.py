@@ -96,7 +96,7 @@ def test_no_tiers_is_a_null_object_with_the_same_methods() -> None:
     used_by_kv = {"on_insert", "on_evict", "on_l1_hit", "plan_load", "load", "end_match"}
     used_by_kv |= {"start_prefetch", "prefetch_pending", "end_hold", "poll", "has_storage"}
     used_by_kv |= {"observe_prefill", "forget", "loaded_split", "flush", "close", "stats"}
-    used_by_kv |= {"check", "device_pages"}
+    used_by_kv |= {"check", "device_pages", "on_kinds_insert"}
     assert used_by_kv <= public
     null = NoTiers()
     assert used_by_kv <= {n for n in dir(null) if not n.startswith("_")}

@@ -6,7 +6,8 @@ contract) and makes every call that moves data in or out of it, returning what t
 of to FULL's allocator (the KV manager's) and to each kind's (`take_freed`). Everything a
 running request holds besides FULL is kept by its kind's memory, in `req.kv_kinds[kind]`; this
 class only iterates the kinds, in the registry's order, and never names one except where the
-tree and the tiers still take per-component arguments (`insert`).
+tree still takes per-component arguments (`_tree_insert`). Tier loads (engine/kv/tier_load.py)
+go through the kinds the tiers keep (`TierKind`, `tier_kind`).
 
 Census per kind after every public call (`check`): free + cached in the tree + held by running
 requests == that kind's pool (engine/kv/swa_kv.py, engine/kv/state_kv.py say what each holds).
@@ -14,17 +15,23 @@ requests == that kind's pool (engine/kv/swa_kv.py, engine/kv/state_kv.py say wha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.hybrid.components import Components, Freed, HybridMatch, HybridPrefixCache
-from radixkv.engine.kv.hybrid_load import load_components
-from radixkv.engine.kv.kind_memory import KindMemory, KindSetup
+from radixkv.cache.hybrid.components import (
+    Components,
+    Freed,
+    HybridInsert,
+    HybridMatch,
+    HybridPrefixCache,
+)
+from radixkv.engine.kv.kind_memory import KindMemory, KindSetup, TierKind
 from radixkv.engine.kv.kinds import build_kinds
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.kind_store import KindPart
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import FULL, STATE, SWA, ModelPools, PoolSpec
 
@@ -52,8 +59,8 @@ class ComponentMemory:
         self.page_size = page_size
         self.cache = cache  # the hybrid tree with matching Components, or None (cache off)
         self.full_alloc = full_alloc  # the KV manager's FULL allocator (FULL slots it frees)
-        # The host/storage tiers (set by KVManager; NoTiers or a HybridTierManager): told what
-        # the tree adopts (`on_components_insert`) and which FULL slots it frees (`on_evict`).
+        # The host/storage tiers (set by KVManager; NoTiers or a TierManager): told what the
+        # tree adopts of every kind (`on_kinds_insert`), which FULL slots it frees (`on_evict`).
         self.tiers: Any = None
         setup = KindSetup(
             spec=spec,
@@ -68,6 +75,8 @@ class ComponentMemory:
         others = {k: pools[k] for k in pools.kinds if k != FULL}
         self.kinds: dict[str, KindMemory] = build_kinds(others, setup)
         self._all = tuple(self.kinds.values())
+        # The kinds a tier load can bring back (each with a store in the tiers, or none to bring).
+        self._tier = {kind: k for kind, k in self.kinds.items() if isinstance(k, TierKind)}
 
     @staticmethod
     def components_of(spec: PoolSpec) -> Components:
@@ -123,13 +132,6 @@ class ComponentMemory:
     def forget_match(self, req: Request) -> None:
         for k in self._all:
             k.forget_match(req)
-
-    def load(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
-    ) -> tuple[int, np.ndarray]:
-        """Continue a locked match from the host tier, every kind voting
-        (engine/kv/hybrid_load.py)."""
-        return load_components(kv, self, req, length, slots)
 
     def reserve(self, req: Request) -> bool:
         """What every kind takes before binding; False (nothing kept) when one is short."""
@@ -193,24 +195,30 @@ class ComponentMemory:
     ) -> tuple[int, Any]:
         """Hand tokens[:aligned] of every kind to the tree (FULL `slots`, each kind's part);
         each kind frees what it refused. Returns (already cached, handle)."""
-        assert self.cache is not None
         parts = {kind: k.tree_part(req, aligned, finishing) for kind, k in self.kinds.items()}
-        swa_row, ckpts = parts.get(SWA), parts.get(STATE) or []
-        out = self.cache.insert(
-            req.tokens[:aligned],
-            slots,
-            swa_row,
-            ckpts,
-            req.namespace,
-            req.options.priority,
-            req.prefix_len,
-        )
+        out = self._tree_insert(req, aligned, slots, parts, req.prefix_len)
         if self.tiers is not None:
-            taken = [c for c in ckpts if c[1] not in out.checkpoints_rejected]
-            self.tiers.on_components_insert(req, swa_row, out.cached, aligned, taken)
+            kept = {kind: k.tier_part(parts[kind], out) for kind, k in self._tier.items()}
+            self.tiers.on_kinds_insert(req, kept, out.cached, aligned)
         for kind, k in self.kinds.items():
             k.after_insert(req, parts[kind], out, aligned)
         return out.cached, out.handle
+
+    def _tree_insert(
+        self, req: Request, end: int, full: SlotArray, parts: Mapping[str, Any], owned_from: int
+    ) -> HybridInsert:
+        """The tree's insert of req.tokens[:end], which takes each kind it knows as an argument
+        of its own (the one place kinds are named)."""
+        assert self.cache is not None
+        return self.cache.insert(
+            req.tokens[:end],
+            full,
+            parts.get(SWA),
+            parts.get(STATE) or [],
+            req.namespace,
+            req.options.priority,
+            owned_from,
+        )
 
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
         """After moving the lock to `handle`: every kind reads the tree's data of it."""
@@ -221,6 +229,64 @@ class ComponentMemory:
         """Free everything the request still owns in every kind."""
         for k in self._all:
             k.release(req)
+
+    # -- tier loads (engine/kv/tier_load.py) ---------------------------------------------------
+    def peek_full(self, req: Request, length: int) -> tuple[int, np.ndarray, Any]:
+        """(tokens of FULL K/V the tree holds on req's path, past the voted match of `length`
+        when a kind's vote stopped it short; their slots; a guard locking them, or None)."""
+        assert self.cache is not None
+        shared, tree_full, guard = self.cache.peek_full(
+            req.tokens[: len(req.tokens) - 1], req.namespace
+        )
+        if shared <= length:
+            return length, tree_full, None
+        self.cache.lock(guard)
+        return shared, tree_full, guard
+
+    def end_peek(self, guard: Any) -> None:
+        if guard is not None and self.cache is not None:
+            self.cache.unlock(guard)
+
+    def tier_kind(self, kind: str) -> TierKind:
+        return self._tier[kind]
+
+    def insert_loaded(
+        self,
+        req: Request,
+        boundary: int,
+        full: np.ndarray,
+        parts: Mapping[str, KindPart],
+        units: Mapping[str, list[int]],
+        length: int,
+    ) -> tuple[int, Any]:
+        """Hand the loaded tokens[:boundary] to the tree: FULL slots `full`, each kind's loaded
+        values (none where the plan has no part); what it refuses goes back to each kind. The
+        tree frees nothing of [0, length): it is locked. Returns (cached, handle)."""
+        tree_parts = {}
+        for kind, tk in self._tier.items():
+            part = parts.get(kind)
+            pages, got = (part.pages, units[kind]) if part is not None else ([], [])
+            tree_parts[kind] = tk.loaded_part(pages, got, boundary)
+        out = self._tree_insert(req, boundary, full, tree_parts, length)
+        refused = Freed(swa=out.swa_free, checkpoints=out.checkpoints_rejected)
+        for k in self._all:
+            k.take_freed(refused)
+        return out.cached, out.handle
+
+    def resume_loaded(
+        self, kv: KVManager, req: Request, handle: Any, boundary: int, full: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        """Resume where the tree's kinds vote now (a peek: the first match counted the hit),
+        with req's lock moved onto that prefix."""
+        assert self.cache is not None
+        old = req.handle
+        m = self.match(req, req.tokens[: len(req.tokens) - 1], record=False)
+        if m.length > 0:
+            self.cache.lock(m.handle)
+        req.handle = m.handle if m.length > 0 else None
+        if old is not None:
+            self.cache.unlock(old)
+        return m.length, np.asarray(m.slots[: m.length], dtype=np.int64)
 
     # -- census ---------------------------------------------------------------------------------
     def census(self, running: Sequence[Request]) -> dict[str, dict[str, int]]:

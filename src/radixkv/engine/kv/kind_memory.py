@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch, HybridPrefixCache
 from radixkv.engine.request import Request
@@ -112,3 +112,26 @@ class KindMemory(Protocol):
         """{"size", "free", "cached", "held"}."""
 
     def check(self, running: Sequence[Request]) -> None: ...
+
+
+@runtime_checkable
+class TierKind(Protocol):
+    """The calls a tier load makes of a kind the host/storage tiers keep (a kind with a store,
+    engine/tiers/tier_setup.py STORES; engine/kv/tier_load.py makes them). A kind the tiers do
+    not keep (one the tree never sees) needs none of them."""
+
+    def tier_part(self, part: Any, out: HybridInsert) -> Any:
+        """What the tree holds now of `part` (this kind's `tree_part`), for the tiers to keep
+        (their `on_kinds_insert`)."""
+
+    def load_alloc(self, n: int) -> list[int] | None:
+        """`n` device values (pages, slots) for values a tier load copies down, evicting the
+        tree's when short; None (nothing taken) if impossible."""
+
+    def load_free(self, units: list[int]) -> None:
+        """Give back what `load_alloc` took (another kind was short). What the tree refuses of
+        a loaded part comes back through `take_freed`, as after an eviction."""
+
+    def loaded_part(self, pages: list[int], units: list[int], boundary: int) -> Any:
+        """The part this kind hands the tree with the loaded tokens[:boundary]: the values
+        copied into `units`, keyed by prompt pages `pages` (the plan's `KindPart.pages`)."""

@@ -30,6 +30,7 @@ from radixkv.cache.base import PrefixCache, PrefixIndex
 from radixkv.engine.events.kv_events import NULL_SINK, EventSink
 from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.kv.plain_memory import PlainMemory
+from radixkv.engine.kv.tier_load import load_from_tiers
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.prefetch import PrefetchHold
 from radixkv.engine.tiers.tier_setup import NoTiers, Tiers
@@ -106,10 +107,10 @@ class KVManager:
         self, req: Request, length: int, slots: np.ndarray
     ) -> tuple[int, np.ndarray]:
         """Continue req's locked L1 match through L2: the tiers plan which host pages follow it,
-        this allocates device memory, the tiers copy them down, this inserts them into the tree
-        and moves req's lock onto the longer prefix (engine/kv/tier_load.py; hybrid_load.py for a
-        hybrid model, whose every component votes). Returns the new (length, slots)."""
-        return self.comp.load(self, req, length, slots)
+        this allocates device memory of every kind, the tiers copy them down, this inserts them
+        into the tree and moves req's lock onto the longer prefix (engine/kv/tier_load.py, the
+        same for every model). Returns the new (length, slots)."""
+        return load_from_tiers(self, self.comp, req, length, slots)
 
     def hold_for_storage(self, req: Request) -> bool:
         """At arrival, with L3 storage: start fetching the prompt's pages past what L1 and L2

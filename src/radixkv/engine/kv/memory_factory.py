@@ -92,8 +92,8 @@ def build_memory(
         pool,
         lm,
         cfg.scheduler.chunked_prefill_size,
-        pools,  # a hybrid model's tiers keep every component (engine/tiers/hybrid_tiers.py)
-        spec.swa_window if spec is not None else None,
+        pools,  # the tiers keep every kind with a store (engine/tiers/tier_setup.py STORES)
+        spec,
     )
     tree = plain if comp is None else comp.cache
     events = kv_events.sink_for_engine(cfg.cache, tree, tiers, spec)

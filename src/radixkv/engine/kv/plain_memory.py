@@ -13,20 +13,24 @@ demotes before the slots are freed) and the KV events (`removed`, `cleared`) are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixCache, SlotArray
 from radixkv.engine.events.kv_events import EventSink
-from radixkv.engine.kv.tier_load import load_pages
+from radixkv.engine.kv.kind_memory import TierKind
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.kind_store import KindPart
 from radixkv.memory.allocator import PageAllocator
 
 if TYPE_CHECKING:
     from radixkv.engine.kv.kv_manager import KVManager
     from radixkv.engine.tiers.tier_setup import Tiers
+
+
+_NO_SLOTS = np.empty(0, dtype=np.int64)
 
 
 class PlainMemory:
@@ -78,12 +82,45 @@ class PlainMemory:
         self.events.removed(evicted)  # KV events hook
         self.allocator.free_slots_of_pages(evicted)
 
-    def load(
-        self, kv: KVManager, req: Request, length: int, slots: np.ndarray
-    ) -> tuple[int, np.ndarray]:
-        """Continue a locked match from the host tier (engine/kv/tier_load.py)."""
+    # -- tier loads (engine/kv/tier_load.py): FULL pages alone, the match is all the tree has --
+    def peek_full(self, req: Request, length: int) -> tuple[int, np.ndarray, Any]:
+        """(tokens of FULL K/V the tree holds, their slots, a guard): the locked match."""
+        return length, _NO_SLOTS, None
+
+    def end_peek(self, guard: Any) -> None:
+        return None
+
+    def tier_kind(self, kind: str) -> TierKind:
+        raise KeyError(f"a FULL-only model has no KV of kind {kind!r}")
+
+    def insert_loaded(
+        self,
+        req: Request,
+        boundary: int,
+        full: np.ndarray,
+        parts: Mapping[str, KindPart],
+        units: Mapping[str, list[int]],
+        length: int,
+    ) -> tuple[int, Any]:
+        """Hand the loaded tokens[:boundary] (FULL slots `full`) to the tree; (cached,
+        handle). The locked prefix is exactly what the tree has (single-threaded)."""
         assert self.cache is not None
-        return load_pages(kv, self.cache, req, length, slots)
+        cached, handle = self.cache.insert(
+            req.tokens[:boundary], full, req.namespace, priority=req.options.priority
+        )
+        if cached != length:
+            raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
+        return cached, handle
+
+    def resume_loaded(
+        self, kv: KVManager, req: Request, handle: Any, boundary: int, full: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        """Move req's lock onto the loaded prefix (the tree adopted all of `full`)."""
+        assert self.cache is not None
+        self.cache.lock(handle)
+        kv.unlock(req)
+        req.handle = handle
+        return boundary, full
 
     # -- forks: nothing besides the FULL row and pages the KV manager gives the child --------
     def reserve_fork(self, parent: Request) -> dict[str, Any] | None:

@@ -181,6 +181,30 @@ class StateMemory:
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
         return None
 
+    # -- tier loads (TierKind) -----------------------------------------------------------------
+    def tier_part(self, part: Any, out: HybridInsert) -> list[tuple[int, int]]:
+        """The checkpoints the tree accepted."""
+        return [c for c in part if c[1] not in out.checkpoints_rejected]
+
+    def load_alloc(self, n: int) -> list[int] | None:
+        got: list[int] = []
+        for _ in range(n):
+            slot = self.alloc_slot()
+            if slot is None:
+                self.free_slots(got)
+                return None
+            got.append(slot)
+        return got
+
+    def load_free(self, units: list[int]) -> None:
+        self.free_slots(units)
+
+    def loaded_part(
+        self, pages: list[int], units: list[int], boundary: int
+    ) -> list[tuple[int, int]]:
+        """Checkpoints (boundary tokens, slot): a checkpoint is kept under the page it ends."""
+        return [((p + 1) * self.page_size, s) for p, s in zip(pages, units, strict=True)]
+
     # -- forks -----------------------------------------------------------------------------------
     def reserve_fork(self, parent: Request) -> int | None:
         return self.alloc_slot()

@@ -163,6 +163,25 @@ class SwaMemory:
         if swa is not None:
             self.table.write(req.row, 0, swa)
 
+    # -- tier loads (TierKind) -----------------------------------------------------------------
+    def tier_part(self, part: Any, out: HybridInsert) -> Any:
+        """The row handed to the tree (the tiers keep the windows before its boundaries)."""
+        return part
+
+    def load_alloc(self, n: int) -> list[int] | None:
+        return self.alloc(n)
+
+    def load_free(self, units: list[int]) -> None:
+        self.free_pages(units)
+
+    def loaded_part(self, pages: list[int], units: list[int], boundary: int) -> np.ndarray:
+        """The SWA row of [0, boundary): the loaded pages' slots, -1 elsewhere."""
+        ps = self.page_size
+        row = np.full(boundary, -1, dtype=np.int64)
+        for p, dev in zip(pages, units, strict=True):
+            row[p * ps : (p + 1) * ps] = self.alloc_.page_slots([dev])
+        return row
+
     # -- forks -----------------------------------------------------------------------------------
     def reserve_fork(self, parent: Request) -> list[int] | None:
         """Pages for a fork's own copies of the parent's own positions [lo, kv_len)."""

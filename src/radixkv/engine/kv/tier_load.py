@@ -1,10 +1,13 @@
-"""Carrying out a FULL-only model's tier load plan (`TierManager.plan_load`): the KV manager's
-side of the L2 -> L1 path (`hybrid_load.py` is the hybrid model's, where every component votes).
+"""Carrying out a tier load plan (`TierManager.plan_load`): the KV manager's side of the L2 -> L1
+path, one for every model and every kind of KV.
 
-After the tree's match (locked at `length` tokens), the tiers name the host pages that continue
-it; this allocates device pages for them, lets the tiers copy them down, inserts them into the
-tree and moves the request's lock onto the longer prefix. Every device slot is moved here or by
-the allocator; the tiers never touch one.
+After the tree's match (locked at `length` tokens), the tiers name the deepest boundary B that
+FULL pages and every other kind can resume from with what L1 and L2 hold; this allocates device
+memory of every kind the plan carries (FULL pages for [full_from, B), each kind's values through
+its memory, `TierKind`), lets the tiers copy the values down, hands them to the tree through the
+tree-side memory (`PlainMemory` for the FULL-only `RadixCache`, `ComponentMemory` for the hybrid
+tree, which frees what the tree already had) and moves the request's lock onto what the tree now
+resumes at. Every device slot is moved here or by the kinds' memories; the tiers never touch one.
 """
 
 from __future__ import annotations
@@ -13,39 +16,87 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixkv.cache.base import PrefixCache
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.manager import LoadPlan
 
 if TYPE_CHECKING:
+    from radixkv.engine.kv.components_kv import ComponentMemory
     from radixkv.engine.kv.kv_manager import KVManager
+    from radixkv.engine.kv.plain_memory import PlainMemory
 
 
-def load_pages(
-    kv: KVManager, cache: PrefixCache, req: Request, length: int, slots: np.ndarray
+def load_from_tiers(
+    kv: KVManager, mem: PlainMemory | ComponentMemory, req: Request, length: int, slots: np.ndarray
 ) -> tuple[int, np.ndarray]:
-    """Extend req's locked match of `length` tokens (`slots`) in `cache`, the FULL-only tree,
-    from L2; the new (length, slots)."""
-    plan = kv.tiers.plan_load(req, length)
-    if plan is None:
+    """Extend req's locked match of `length` tokens (`slots`) from L2; the new (length, FULL
+    slots). `mem` is the KV manager's tree-side memory (`kv.comp`)."""
+    if mem.cache is None:
         return length, slots
-    dev_pages = None
+    # The tree may hold FULL K/V past the match (a kind's vote stopped it short); the tiers need
+    # supply only the other kinds there. `guard` keeps it from being evicted meanwhile.
+    l1_full, tree_full, guard = mem.peek_full(req, length)
     try:
-        dev_pages = kv.alloc(len(plan.host_pages))
+        plan = kv.tiers.plan_load(req, length, l1_full)
+        if plan is None:
+            return length, slots
+        tree = slots[:length] if plan.full_from == length else tree_full[: plan.full_from]
+        got = _load(kv, mem, req, plan, length, np.asarray(tree, dtype=np.int64))
+        return got if got is not None else (length, slots)
     finally:
-        kv.tiers.load(plan, dev_pages)  # ends the plan's reservation, copied or not
-    if dev_pages is None:
-        return length, slots
-    new_len = length + len(dev_pages) * kv.page_size
-    full = np.concatenate([slots, kv.allocator.page_slots(dev_pages)])
-    cached, handle = cache.insert(
-        req.tokens[:new_len], full, req.namespace, priority=req.options.priority
-    )
-    if cached != length:  # single-threaded: the locked prefix is exactly what was there
-        raise RuntimeError(f"tier load: tree had {cached} tokens, expected {length}")
-    kv.tiers.on_insert(req, full, cached, new_len)
-    kv.events.stored(req.tokens, full, length, new_len, req.namespace, length)  # KV events
-    # The tree adopted every slot of `full` ([0, length) were its own already).
-    cache.lock(handle)
-    kv.unlock(req)
-    req.handle = handle
-    return new_len, full
+        if guard is not None:
+            mem.end_peek(guard)
+
+
+def _load(
+    kv: KVManager,
+    mem: PlainMemory | ComponentMemory,
+    req: Request,
+    plan: LoadPlan,
+    length: int,
+    tree: np.ndarray,
+) -> tuple[int, np.ndarray] | None:
+    """Carry `plan` out (None: no device memory for it); `tree`: the tree's FULL slots of
+    [0, plan.full_from)."""
+    got = None
+    try:  # FULL pages alone (a FULL-only model's plans): no kinds to ask
+        got = _alloc(kv, mem, plan) if plan.parts else _full(kv.alloc(len(plan.host_pages)))
+    finally:  # ends the plan's reservation, copied or not
+        kv.tiers.load(plan, *(got if got is not None else (None, None)))
+    if got is None:
+        return None
+    full_pages, units = got
+    b = plan.boundary
+    full = np.concatenate([tree, kv.allocator.page_slots(full_pages)])
+    cached, handle = mem.insert_loaded(req, b, full, plan.parts, units, length)
+    # FULL pages of [full_from, cached) duplicate what the tree had; it adopted [cached, b).
+    dup = max(0, cached - plan.full_from) // kv.page_size
+    if dup:
+        kv.allocator.free_page_ids(full_pages[:dup])
+    kv.tiers.on_insert(req, full, cached, b)
+    if cached < b:  # KV events hook: the tree adopted [cached, b)
+        kv.events.stored(req.tokens, full, cached, b, req.namespace, length)
+    return mem.resume_loaded(kv, req, handle, b, full)
+
+
+def _full(pages: list[int] | None) -> tuple[list[int], dict[str, list[int]]] | None:
+    return None if pages is None else (pages, {})
+
+
+def _alloc(
+    kv: KVManager, mem: PlainMemory | ComponentMemory, plan: LoadPlan
+) -> tuple[list[int], dict[str, list[int]]] | None:
+    """Device memory of every kind for `plan` (FULL pages, then each kind's values through its
+    memory), or None (nothing kept) when one is short."""
+    full = kv.alloc(len(plan.host_pages))
+    if full is None:
+        return None
+    units: dict[str, list[int]] = {}
+    for kind, part in plan.parts.items():
+        got = mem.tier_kind(kind).load_alloc(len(part.host))
+        if got is None:
+            kv.allocator.free_page_ids(full)
+            for k, taken in units.items():
+                mem.tier_kind(k).load_free(taken)
+            return None
+        units[kind] = got
+    return full, units

@@ -13,9 +13,15 @@ pages it is about to free (`on_evict`), pages a match hit (`on_l1_hit`). Page fl
   page is copied down when L1 evicts it, as under write_back (`_unsaved`). With L3, each new
   L2 page is also written to storage; the L2 page is pinned (not evictable) until the write is
   confirmed.
-- match: after the L1 match, `plan_load` names the L2 pages that continue it (a `LoadPlan`);
-  the KV manager allocates device pages for them, `load` copies them down, and the KV manager
-  inserts them into the tree and moves the request's lock onto the longer prefix.
+- kinds: a model with other kinds of KV besides FULL (sliding-window K/V, recurrent-state
+  checkpoints) has one store per kind (`stores`, engine/tiers/kind_store.py), under the same
+  page hashes; the tree's memory reports what it adopted of them (`on_kinds_insert`), each
+  store says what it keeps. A FULL-only model has none.
+- match: after the L1 match, `plan_load` finds the deepest boundary L1 + L2 can resume at
+  (FULL pages reach it and every kind holds what it needs there) and names the L2 values up to
+  it (a `LoadPlan`); the KV manager allocates device memory of every kind for them, `load`
+  copies them down, and the KV manager inserts them into the tree and moves the request's lock
+  onto the longer prefix.
 - L3 (`StorageTier`, engine/tiers/storage_tier.py, behind L2): `start_prefetch` (at arrival) fetches
   the pages past L1/L2 on the storage thread and decides, by the prefetch policy
   (`radixkv.engine.tiers.prefetch`), whether the request waits for them (the KV manager holds it);
@@ -31,16 +37,18 @@ copied after it was freed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from radixkv.cache.tiers import HostIndex, chain_hashes, namespace_seed
+from radixkv.cache.tiers import HostIndex
 from radixkv.config.sections import WRITE_POLICIES
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.kind_store import KindStore
 from radixkv.engine.tiers.prefetch import PrefetchPolicy
 from radixkv.engine.tiers.storage_tier import StorageTier
+from radixkv.engine.tiers.tier_loads import LoadPlan, TierLoads, _key
 from radixkv.engine.tiers.tier_residency import TierOp, TierResidency
 from radixkv.memory.host_pool import HostKVPool
 from radixkv.memory.pool import KVPool
@@ -51,27 +59,13 @@ log = logging.getLogger(__name__)
 
 MAX_PREFETCH_PAGES = 4096
 
-
-@dataclass
-class TierCounters:
-    host_hit_tokens: int = 0  # loaded L2 -> L1 (pages that were copied down from L1)
-    storage_hit_tokens: int = 0  # loaded L2 -> L1 (pages that came up from L3)
-    host_saved_pages: int = 0
-    host_save_dropped_pages: int = 0  # not copied to L2: every L2 page was pinned
-    prefetch_pages: int = 0  # landed in L2 from L3
+__all__ = ["LoadPlan", "TierManager"]
 
 
-@dataclass
-class LoadPlan:
-    """L2 pages that continue one choice's L1 match, in prompt order (`TierManager.plan_load`)."""
-
-    key: tuple[str, int]  # the choice (request id, index)
-    host_pages: list[int]
-
-
-class TierManager:
-    """L2 (a host pool indexed by page hash) and, with a backend, L3 behind it (`storage`,
-    engine/tiers/storage_tier.py). Called by the KV manager and the engine; calls neither."""
+class TierManager(TierLoads):
+    """L2 (host pools indexed by page hash: FULL's, and one store per other kind) and, with a
+    backend, L3 behind it (`storage`, engine/tiers/storage_tier.py). Called by the KV manager
+    and the engine; calls neither. Plans and loads: `TierLoads` (engine/tiers/tier_loads.py)."""
 
     def __init__(
         self,
@@ -83,26 +77,20 @@ class TierManager:
         storage: tuple[str, str] | None = None,
         storage_timeout_s: float = 1.0,
         prefetch: PrefetchPolicy | None = None,
+        stores: Sequence[KindStore] = (),
     ) -> None:
+        """`kv_pool`: the FULL device pool (its pages carry the hashes); `stores`: the model's
+        other kinds the tiers keep (engine/tiers/tier_setup.py builds them)."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown write policy {write_policy!r} ({', '.join(WRITE_POLICIES)})")
-        self.page_size = page_size
+        host = HostKVPool(kv_pool, host_pages, page_size)
+        super().__init__(page_size, fingerprint, host, HostIndex(host_pages), stores)
         self.write_policy = write_policy
-        self.fingerprint = fingerprint
-        self.host = HostKVPool(kv_pool, host_pages, page_size)
-        self.index = HostIndex(host_pages)
-        self.counters = TierCounters()
         self._dev_hash: dict[int, bytes] = {}
         # Tree-owned device pages whose write-through copy found no room in L2 (a subset of
         # `_dev_hash`): copied down when L1 evicts them, or at shutdown.
         self._unsaved: set[int] = set()
-        # Per choice (the n choices of one request share its id but not their outputs):
-        self._hashes: dict[tuple[str, int], list[bytes]] = {}  # chained page hashes so far
-        self._loaded: dict[tuple[str, int], list[int]] = {}  # [host, storage] tokens loaded
         self._device_pages = kv_pool.num_slots // page_size
-        # Residency for KV events ("CPU"/"DISK" blocks); None until `announce_residency`.
-        self.residency: TierResidency | None = None
-        self.storage: StorageTier | None = None
         if storage is not None:
             meta = PageMeta(
                 fingerprint=fingerprint,
@@ -114,6 +102,9 @@ class TierManager:
             )
             worker = StorageWorker(make_backend(*storage, timeout_s=storage_timeout_s), meta)
             self.storage = StorageTier(self.index, self.host, worker, prefetch or PrefetchPolicy())
+            for kind, store in self.stores.items():
+                worker.metas[kind] = store.meta()
+                self.storage.add_store(kind, store.index, store.host)
 
     @property
     def has_storage(self) -> bool:
@@ -142,31 +133,12 @@ class TierManager:
         l3 = self.storage.journal if self.storage is not None else None
         return self.residency.take_journals(self.index.journal, l3)
 
-    # -- hashes --------------------------------------------------------------------------------
-    def hashes(self, req: Request, num_tokens: int) -> list[bytes]:
-        """Chained hashes of the whole pages of req.tokens[:num_tokens] (cached, extended)."""
-        have = self._hashes.get(_key(req), [])
-        need = num_tokens // self.page_size
-        if len(have) < need:
-            seed = namespace_seed(self.fingerprint, req.namespace)
-            done = len(have)
-            have = chain_hashes(req.tokens[: need * self.page_size], self.page_size, seed, have)
-            self._hashes[_key(req)] = have
-            if self.residency is not None:
-                self.residency.note_chain(req.tokens, have, done, self.page_size, req.namespace)
-        return have[:need]
-
     def forget(self, req: Request) -> None:
         """`req` (one choice) finished: drop its bookkeeping."""
         self._hashes.pop(_key(req), None)
         self._loaded.pop(_key(req), None)
         if self.storage is not None:
             self.storage.forget(req.request_id)
-
-    def loaded_split(self, req: Request) -> tuple[int, int]:
-        """(host, storage) prompt tokens this choice loaded from the lower tiers; forgets it."""
-        host, storage = self._loaded.pop(_key(req), [0, 0])
-        return host, storage
 
     # -- tree hooks (called by KVManager) ------------------------------------------------------
     def on_insert(self, req: Request, slots: np.ndarray, cached: int, aligned: int) -> None:
@@ -224,50 +196,6 @@ class TierManager:
                 self.storage.write(hp, h)
         self.counters.host_saved_pages += n
 
-    # -- loading L2 pages back (a plan the KV manager carries out) --------------------------
-    def plan_load(self, req: Request, length: int) -> LoadPlan | None:
-        """The L2 pages that continue req's L1 match of `length` tokens, in order, or None.
-        The plan reserves them (pinned) until `load`: the device pages the KV manager then
-        allocates for it may evict L1 pages into L2, which must not push the planned ones out."""
-        ps = self.page_size
-        n_pages = (len(req.tokens) - 1) // ps
-        start = length // ps
-        if start >= n_pages:
-            return None
-        hs = self.hashes(req, n_pages * ps)
-        host_pages: list[int] = []
-        for h in hs[start:]:
-            hp = self.index.lookup(h)
-            if hp is None:
-                break
-            host_pages.append(hp)
-        if not host_pages:
-            return None
-        for hp in host_pages:
-            self.index.pin(hp)
-        return LoadPlan(_key(req), host_pages)
-
-    def load(self, plan: LoadPlan, dev_pages: list[int] | None) -> None:
-        """Copy the plan's L2 pages into `dev_pages` (fresh device pages, one per planned page;
-        None: the KV manager found none, nothing is copied) and end the plan's reservation. The
-        KV manager then inserts them into the tree, which reports them through `on_insert`."""
-        try:
-            if dev_pages is None:
-                return
-            self.host.load(plan.host_pages, dev_pages)
-            split = self._loaded.setdefault(plan.key, [0, 0])
-            for hp in plan.host_pages:
-                if self.index.origin(hp) == "storage":
-                    split[1] += self.page_size
-                    self.counters.storage_hit_tokens += self.page_size
-                    self.index.mark_origin(hp, "device")  # later reuse of this copy: an L2 hit
-                else:
-                    split[0] += self.page_size
-                    self.counters.host_hit_tokens += self.page_size
-        finally:
-            for hp in plan.host_pages:
-                self.index.unpin(hp)
-
     def end_match(self, req: Request) -> None:
         """req's match through the tiers is over: its prefetched L2 pages have served their
         turn (they were pinned from its hold until now)."""
@@ -281,15 +209,27 @@ class TierManager:
         waits for them. Returns the longest it may be held (seconds; poll() lands its pages in
         L2, `end_hold` ends the hold), or None: schedule it now. Only the storage part is waited
         for; a held request's L2 pages are pinned until its match (`end_match`), so the wait
-        cannot cost it what L2 already had."""
+        cannot cost it what L2 already had. Every other kind's values of the pages past the
+        L1 match that L2 lacks are asked too, each fetched only if the FULL run found reaches its
+        page (they are useless past it)."""
         if self.storage is None:
             return None
         hs, have, in_l2 = self._l2_run(req, l1_tokens)
         want = hs[have : have + MAX_PREFETCH_PAGES]
-        if not want:
+        extra: list[tuple[int, str, bytes]] = []
+        extra_in_l2: list[tuple[str, int]] = []
+        pages = range(l1_tokens // self.page_size, min(len(hs), have + MAX_PREFETCH_PAGES))
+        for kind, store in self.stores.items():
+            for p in pages:
+                hp = store.index.lookup(hs[p], touch=False)
+                if hp is None:
+                    extra.append((p + 1 - have, kind, hs[p]))
+                else:
+                    extra_in_l2.append((kind, hp))
+        if not want and not extra:
             return None
         return self.storage.start_prefetch(
-            req.request_id, want, in_l2, self.page_size, local=have > 0
+            req.request_id, want, in_l2, self.page_size, extra, extra_in_l2, local=have > 0
         )
 
     def _l2_run(self, req: Request, l1_tokens: int) -> tuple[list[bytes], int, list[int]]:
@@ -335,6 +275,8 @@ class TierManager:
             self._dev_hash.clear()
             self._unsaved.clear()
         self.index.clear()
+        for store in self.stores.values():
+            store.index.clear()
         if device_reset:
             self.residency_ops()  # dropped: consumers are told AllBlocksCleared
 
@@ -377,22 +319,26 @@ class TierManager:
             "host_save_dropped_pages": self.counters.host_save_dropped_pages,
             "storage_prefetch_pages": self.counters.prefetch_pages,
         }
+        for kind, store in self.stores.items():
+            free, cached, held = store.index.census()
+            out[f"host_{kind}_pool_pages"] = store.index.num_pages
+            out[f"host_{kind}_free_pages"] = free
+            out[f"host_{kind}_cached_pages"] = cached
+            out[f"host_{kind}_held_pages"] = held
+            out[f"host_{kind}_saved"] = store.saved
         if self.storage is not None:
             out.update(self.storage.stats())
         return out
 
     def check(self) -> None:
-        """The host census balances (the device pages it maps: `device_pages`); every page
-        waiting for its L2 copy is one the tree owns."""
+        """Every host census balances (FULL's and each kind's; the device pages FULL maps:
+        `device_pages`); every page waiting for its L2 copy is one the tree owns."""
         self.index.check()
+        for store in self.stores.values():
+            store.index.check()
         assert self._unsaved <= self._dev_hash.keys(), "an unsaved page the tree does not own"
 
     def device_pages(self) -> set[int]:
         """The device pages the tiers know the hashes of; each must be one the tree owns now
         (checked by the KV manager), so a slot is never copied after it was freed."""
         return set(self._dev_hash)
-
-
-def _key(req: Request) -> tuple[str, int]:
-    """One choice of one request (choices share the request id, not their generated tokens)."""
-    return req.request_id, int(getattr(req, "index", 0))

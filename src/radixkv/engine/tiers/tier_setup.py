@@ -1,9 +1,11 @@
 """Building the hierarchical cache from the cache section (checked by radixkv.config): L2 size,
-the model fingerprint; `NoTiers` stands in when the config asks for none."""
+the model fingerprint, one store per kind of KV besides FULL (`STORES`, the registry: kind -> its
+`KindStore`, engine/tiers/kind_store.py); `NoTiers` stands in when the config asks for none."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -11,12 +13,22 @@ import torch
 
 from radixkv.config import CacheConfig
 from radixkv.engine.request import Request
+from radixkv.engine.tiers.kind_store import KindStore, StoreSetup
 from radixkv.engine.tiers.manager import LoadPlan, TierManager
 from radixkv.engine.tiers.prefetch import PrefetchPolicy
+from radixkv.engine.tiers.state_store import StateStore
+from radixkv.engine.tiers.swa_store import SwaStore
 from radixkv.engine.tiers.tier_residency import TierOp
 from radixkv.memory.host_pool import HostKVPool
-from radixkv.memory.hybrid import ModelPools
+from radixkv.memory.hybrid import FULL, STATE, SWA, ModelPools, PoolSpec
 from radixkv.memory.pool import KVPool
+
+# The kinds of KV the tiers keep besides FULL: kind -> its store, built from the kind's device
+# pool. A kind not named here (one the tree never sees) is not kept in the tiers.
+STORES: dict[str, Callable[[Any, StoreSetup], KindStore]] = {
+    SWA: SwaStore,
+    STATE: StateStore,
+}
 
 _SAMPLE = 4096  # values per tensor that enter the weights digest
 
@@ -54,13 +66,13 @@ def make_tiers(
     lm: Any,
     chunk_tokens: int = 2048,
     pools: ModelPools | None = None,
-    swa_window: int | None = None,
+    spec: PoolSpec | None = None,
 ) -> TierManager | NoTiers:
     """The TierManager the config asks for, or NoTiers. Without enable_hierarchical_cache but with
     a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2).
     `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time).
-    A hybrid model (`pools`, its SWA window) gets a HybridTierManager: its SWA and STATE host
-    pools hold the same share of their device pools as the FULL one."""
+    A model with other kinds of KV (`pools`, by kind; `spec`, what they are) gets a store for
+    each kind in `STORES`, whose host pool holds the same share of its device pool as FULL's."""
     if not cfg.tiers_enabled:
         return NoTiers()
     ps = cfg.page_size
@@ -79,13 +91,20 @@ def make_tiers(
     )
     fingerprint = model_fingerprint(lm, pool.config.dtype)
     policy, timeout_s = cfg.hicache_write_policy, cfg.hicache_storage_timeout_s
-    common = (ps, pages, policy, fingerprint, storage, timeout_s, prefetch)
+    stores: Sequence[KindStore] = ()
     if pools is not None:
-        from radixkv.engine.tiers.hybrid_tiers import HybridTierManager
-
+        if pools.kv(FULL) is None:
+            raise ValueError("host/storage cache tiers need a model with full-attention layers")
         interval = -(-cfg.state_checkpoint_interval // ps) * ps
-        return HybridTierManager(pools, swa_window, interval, *common)
-    return TierManager(pool, *common)
+        share = pages / max(1, pool.num_slots // ps)
+        stores = make_stores(pools, StoreSetup(spec, ps, share, interval, fingerprint))
+    return TierManager(pool, ps, pages, policy, fingerprint, storage, timeout_s, prefetch, stores)
+
+
+def make_stores(pools: ModelPools, setup: StoreSetup) -> list[KindStore]:
+    """One store per kind of `pools` the registry names (FULL is the manager's own), in the
+    registry's order."""
+    return [make(pools[kind], setup) for kind, make in STORES.items() if kind in pools]
 
 
 class NoTiers:
@@ -103,20 +122,20 @@ class NoTiers:
     def on_evict(self, slots: np.ndarray, demote: bool = True) -> None:
         pass
 
-    def on_components_insert(
-        self,
-        req: Request,
-        swa_row: np.ndarray | None,
-        cached: int,
-        aligned: int,
-        checkpoints: list[tuple[int, int]],
+    def on_kinds_insert(
+        self, req: Request, parts: Mapping[str, Any], cached: int, aligned: int
     ) -> None:
         pass
 
-    def plan_load(self, req: Request, length: int) -> LoadPlan | None:
+    def plan_load(self, req: Request, length: int, l1_full: int = 0) -> LoadPlan | None:
         return None
 
-    def load(self, plan: LoadPlan, dev_pages: list[int] | None) -> None:
+    def load(
+        self,
+        plan: LoadPlan,
+        dev_pages: list[int] | None,
+        units: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
         raise AssertionError("NoTiers never plans a load")
 
     def end_match(self, req: Request) -> None:
