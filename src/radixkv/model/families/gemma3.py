@@ -21,6 +21,7 @@ from radixkv.model.config import ModelConfig, UnsupportedArchitectureError, _par
 from radixkv.model.families.skeleton import DecoderLM, Forward, Rope
 from radixkv.model.nn.blocks import Attention, AttentionSpec, GatedMLP, WeightGetter, Weights
 from radixkv.model.nn.layers import rms_norm_1p, rope_cos_sin, rope_inv_freq
+from radixkv.model.nn.native_stack import NativeLayer
 
 ARCH = "Gemma3ForCausalLM"
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
@@ -141,6 +142,13 @@ class Gemma3Layer(nn.Module):
         act = "gelu_tanh" if cfg.activation == "gelu_pytorch_tanh" else "gelu"
         self.mlp = GatedMLP(w.sub("mlp."), act=act)
 
+    def native_layer(self) -> NativeLayer:
+        """The native C++ stack's form of this layer: (1 + w) norms before and after each block."""
+        n_in, n_post_attn, n_pre_ff, n_post_ff = self.norms
+        return NativeLayer(
+            self.attn, self.mlp, self.eps, n_in, n_pre_ff, n_post_attn, n_post_ff, one_plus=True
+        )
+
     def forward(self, x: torch.Tensor, fwd: Forward[Gemma3Ropes]) -> torch.Tensor:
         n_in, n_post_attn, n_pre_ff, n_post_ff = self.norms
         rope = fwd.prep.of(self.kind)
@@ -169,6 +177,9 @@ class Gemma3LM(DecoderLM[Gemma3Ropes]):
         for kind, (theta, scaling) in (("full", cfg.rope_full), ("swa", cfg.rope_swa)):
             inv = rope_inv_freq(cfg.head_dim, theta, None if scaling is None else dict(scaling))
             self.register_buffer(f"inv_freq_{kind}", inv.to(device), persistent=False)
+
+    def native_ropes(self, prep: Gemma3Ropes) -> dict[str, Rope]:
+        return {k: r for k, r in (("full", prep.full), ("swa", prep.swa)) if r is not None}
 
     def prepare(self, batch: ForwardBatch, pools: ModelPools | None) -> Gemma3Ropes:
         kinds = self.config.layer_kinds

@@ -49,7 +49,7 @@ from radixkv.model.nn.blocks import (
 )
 from radixkv.model.nn.layers import rms_norm
 from radixkv.model.nn.linear import PackedLinear
-from radixkv.model.nn.native_stack import NativeStack
+from radixkv.model.nn.native_stack import NativeLayer, NativeStack
 
 if TYPE_CHECKING:
     from radixkv.model.nn.compiled import CompiledStack
@@ -115,6 +115,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, fwd: Forward[Rope]) -> torch.Tensor:
         return self.block(x, fwd.prep.cos, fwd.prep.sin, fwd.kv)
 
+    def native_layer(self) -> NativeLayer | None:
+        """This block as the native C++ stack computes it (None where it is not stackable)."""
+        if not type(self).stackable:
+            return None
+        return NativeLayer(self.attn, self.mlp, self.eps, self.input_norm, self.post_norm)
+
     def block(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: LayerOps
     ) -> torch.Tensor:
@@ -170,7 +176,7 @@ class DecoderLM(nn.Module, Generic[P]):
         self.attn_layers = self.make_attn_layers()
         self.stackable = len(self.layers) > 0 and all(is_stackable(x) for x in self.layers)
         self.compiled: CompiledStack | None = None
-        self._native: NativeStack | bool | None = self.stackable  # True: not built yet
+        self._native: NativeStack | bool | None = True  # True: not built yet
 
     def make_layer(self, cfg: ModelConfig, index: int, w: Weights) -> nn.Module:
         """Layer `index` of the model, its weights under `w` (model.layers.{index}.)."""
@@ -233,15 +239,22 @@ class DecoderLM(nn.Module, Generic[P]):
         kv = KVStep(self.attention, components, self.attn_layers, batch.attention)
         return Forward(batch, kv, model_pools, self.prepare(batch, model_pools))
 
+    def native_ropes(self, prep: P) -> dict[str, Rope] | None:
+        """Each KV component's RoPE table in this step, for the native stack (None: the family's
+        layers read something else). Standard layers read one table for every component."""
+        if not isinstance(prep, Rope):
+            return None
+        return {at.kind: prep for at in self.attn_layers.values()}
+
     def run_layers(self, x: torch.Tensor, fwd: Forward[P]) -> torch.Tensor:
         """The layers: compiled, native or eager (see the module docstring)."""
-        if self.stackable and isinstance(fwd.prep, Rope):
-            cos, sin = fwd.prep.cos, fwd.prep.sin
-            if self.compiled is not None:
-                return self.compiled(x, cos, sin, fwd.kv)
-            native = self.native_stack()
-            if native is not None and native.serves(x, cos, fwd.kv):
-                return native(x, cos, sin, fwd.kv)
+        if self.stackable and self.compiled is not None and isinstance(fwd.prep, Rope):
+            return self.compiled(x, fwd.prep.cos, fwd.prep.sin, fwd.kv)
+        native = self.native_stack()
+        if native is not None:
+            ropes = self.native_ropes(fwd.prep)
+            if ropes is not None and native.serves(x, ropes, fwd.kv):
+                return native(x, ropes, fwd.kv)
         for layer in self.layers:
             x = layer(x, fwd)
         return x
