@@ -78,6 +78,7 @@ class HybridCache(RadixTree):
             comps.append(make(arg, page_size, key))
         self.parts: tuple[TreeComponent, ...] = tuple(comps)
         self._by_kind = {c.kind: c for c in comps}
+        self._kinds = frozenset(self._by_kind)
         self._per_token = tuple(c for c in comps if c.per_token)
         if not self.has_full and not self._per_token:
             raise ValueError("a cache needs FULL or a per-token component such as SWA")
@@ -229,7 +230,7 @@ class HybridCache(RadixTree):
         q = token_key(tokens)
         n = len(q) // TOKEN_BYTES
         parts = parts or {}
-        if (slots is None) == self.has_full or not set(parts) <= set(self._by_kind):
+        if (slots is None) == self.has_full or not parts.keys() <= self._kinds:
             raise ValueError(f"insert needs exactly the data of {self.components.names()}")
         full = slot_array(slots, n) if slots is not None else None
         mine = [(c, c.prepare(parts.get(c.kind), n)) for c in self.parts]

@@ -17,7 +17,7 @@ Invariants (checked by `check`):
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixkv.cache.hybrid.component import InsertSite
@@ -61,11 +61,11 @@ class StateComponent:
 
     # -- insert and split
 
-    def prepare(self, part: Any, ntok: int) -> list[tuple[int, int]]:
+    def prepare(self, part: Any, ntok: int) -> Sequence[tuple[int, int]]:
         """(boundary, checkpoint id) pairs; none when `part` is None."""
-        return [(int(p), int(c)) for p, c in part] if part is not None else []
+        return part if part is not None else ()
 
-    def adopt(self, site: InsertSite, part: list[tuple[int, int]]) -> tuple[int, ...]:
+    def adopt(self, site: InsertSite, part: Sequence[tuple[int, int]]) -> tuple[int, ...]:
         """File each checkpoint at its boundary (a whole number of pages within the inserted
         prefix, splitting an edge there); the ids not taken come back."""
         rejected: list[int] = []
