@@ -21,16 +21,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cache import HybridCache, RadixCache
-from radixkv.cache.hybrid.components import Components
+from radixkv.cache.hybrid.components import Components, Freed
 from radixkv.cache.keys import TOKEN_BYTES
 
 COMBOS = [
-    Components(full=True, swa_window=6, state=False),
-    Components(full=True, swa_window=None, state=True),
-    Components(full=True, swa_window=5, state=True),
-    Components(full=False, swa_window=4, state=False),
-    Components(full=False, swa_window=8, state=True),
+    Components.parse(["full", "swa:6"]),
+    Components.parse(["full", "state"]),
+    Components.parse(["full", "swa:5", "state"]),
+    Components.parse(["swa:4"]),
+    Components.parse(["swa:8", "state"]),
 ]
+SWA, STATE = "swa", "state"
+
+
+def freed_parts(freed: Freed) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The SWA slots and checkpoint ids an eviction let go of (empty for an absent kind)."""
+    return freed.kinds.get(SWA, np.empty(0, dtype=np.int64)), freed.kinds.get(STATE, ())
 
 
 def actual_pages(cache: HybridCache) -> dict[tuple[Hashable | None, tuple[int, ...]], Page]:
@@ -65,7 +71,7 @@ class Driver:
             ["lru", "lfu", "fifo", "priority", "s3fifo", "predict", "density"]
         )
         self.cache = HybridCache(page_size=page, policy=policy, components=comp)
-        self.ref = ComponentReference(page, comp.swa_window, comp.full, comp.state)
+        self.ref = ComponentReference(page, comp.get(SWA), comp.full, comp.has(STATE))
         self.next_slot = 0
         self.next_swa = 1_000_000
         self.next_ckpt = 2_000_000
@@ -94,9 +100,9 @@ class Driver:
         assert m.length == b
         assert m.shared_length == self.ref.shared(ns, toks)
         assert m.slots.tolist() == full
-        if self.comp.swa_window is not None:
-            assert m.swa_slots is not None and m.swa_slots.tolist() == swa
-        assert m.checkpoint == ckpt
+        if self.comp.has(SWA):
+            assert m.kinds[SWA].tolist() == swa
+        assert m.kinds.get(STATE, -1) == ckpt
         if b and self.rng.random() < 0.4:
             self.cache.lock(m.handle)
             self.handles.append((m.handle, ns, toks[:b]))
@@ -119,8 +125,8 @@ class Driver:
         full = list(m.slots) + list(range(self.next_slot, self.next_slot + n - owned))
         self.next_slot += n
         swa: list[int] = [-1] * owned
-        if m.swa_slots is not None:
-            swa = [int(s) for s in m.swa_slots]
+        if SWA in m.kinds:
+            swa = [int(s) for s in m.kinds[SWA]]
         for k in range(owned, n, p):  # the caller's own pages; some freed as it advanced
             dead = rng.random() < 0.3
             for _i in range(k, min(n, k + p)):
@@ -132,49 +138,50 @@ class Driver:
             b = b - b % p if rng.random() < 0.8 else b
             ckpts.append((b, self.next_ckpt))
             self.next_ckpt += 1
-        out = self.cache.insert(
-            list(toks),
-            full if self.comp.full else None,
-            swa if self.comp.swa_window is not None else None,
-            ckpts,
-            ns,
-            0,
-            owned,
-        )
+        parts: dict[str, Any] = {}
+        if self.comp.has(SWA):
+            parts[SWA] = swa
+        if self.comp.has(STATE):
+            parts[STATE] = ckpts
+        out = self.cache.insert(list(toks), full if self.comp.full else None, parts, ns, 0, owned)
         cached, free, rejected = self.ref.insert(ns, toks, full, swa, ckpts, owned)
         assert out.cached == cached
-        assert set(out.swa_free.tolist()) == free and len(out.swa_free) == len(free)
-        assert set(out.checkpoints_rejected) == rejected
+        swa_free = out.refused.get(SWA, np.empty(0, dtype=np.int64))
+        assert set(swa_free.tolist()) == free and len(swa_free) == len(free)
+        # Without a STATE component the caller keeps (and frees) every checkpoint it made.
+        not_taken = out.refused[STATE] if STATE in parts else tuple(c for _, c in ckpts)
+        assert set(not_taken) == rejected
         self.corpus.append(toks)
         end = n - n % p  # the caller keeps (and frees) its duplicates and the partial page
         if self.comp.full:
             self.issued["full"].update(full[owned:])
             self.back["full"].update(full[owned:cached] + full[end:])
-        if self.comp.swa_window is not None:
+        if self.comp.has(SWA):
             self.issued["swa"].update(s for s in swa[owned:] if s >= 0)
-            self.back["swa"].update(out.swa_free.tolist() + [s for s in swa[end:] if s >= 0])
+            self.back["swa"].update(swa_free.tolist() + [s for s in swa[end:] if s >= 0])
         self.issued["ckpt"].update(c for _, c in ckpts)
-        self.back["ckpt"].update(out.checkpoints_rejected)
+        self.back["ckpt"].update(not_taken)
 
     def do_evict(self) -> None:
         rng = self.rng
         want_full = rng.choice([0, 0, 1, 5, 40]) if self.comp.full else 0
-        want_swa = rng.choice([0, 1, 6, 40]) if self.comp.swa_window else 0
-        want_ck = rng.choice([0, 1, 3]) if self.comp.state else 0
+        want_swa = rng.choice([0, 1, 6, 40]) if self.comp.has(SWA) else 0
+        want_ck = rng.choice([0, 1, 3]) if self.comp.has(STATE) else 0
         before = dict(self.ref.pages)
-        freed = self.cache.evict(want_full, want_swa, want_ck)
+        freed = self.cache.evict({"full": want_full, SWA: want_swa, STATE: want_ck})
         after = actual_pages(self.cache)
         self.check_eviction(before, after, freed)
+        freed_swa, freed_ck = freed_parts(freed)
         self.back["full"].update(freed.full.tolist())
-        self.back["swa"].update(freed.swa.tolist())
-        self.back["ckpt"].update(freed.checkpoints)
-        got_full, got_swa, got_ck = len(freed.full), len(freed.swa), len(freed.checkpoints)
+        self.back["swa"].update(freed_swa.tolist())
+        self.back["ckpt"].update(freed_ck)
+        got_full, got_swa, got_ck = len(freed.full), len(freed_swa), len(freed_ck)
         if got_full < want_full:
             assert self.cache.evictable_size == 0
         if got_swa < want_swa:
-            assert self.cache.evictable_size == 0 and self.cache.evictable_swa() == 0
+            assert self.cache.evictable_size == 0 and self.cache.evictable(SWA) == 0
         if got_ck < want_ck:
-            assert self.cache.state is not None and self.cache.state.droppable_all_locked()
+            assert self.cache.evictable(STATE) == 0
         self.ref.pages = {k: Page(list(v.full), list(v.swa), v.ckpt) for k, v in after.items()}
 
     def check_eviction(self, before: dict, after: dict, freed: Any) -> None:
@@ -203,9 +210,10 @@ class Driver:
             if new.ckpt != page.ckpt:
                 assert new.ckpt == -1 and key not in self.ref.locks, "a handle's checkpoint"
                 gone_ck[page.ckpt] += 1
+        freed_swa, freed_ck = freed_parts(freed)
         assert Counter(freed.full.tolist()) == gone_full
-        assert Counter(freed.swa.tolist()) == gone_swa
-        assert Counter(freed.checkpoints) == gone_ck
+        assert Counter(freed_swa.tolist()) == gone_swa
+        assert Counter(freed_ck) == gone_ck
 
     def step(self) -> None:
         op = self.rng.choices(
@@ -214,11 +222,11 @@ class Driver:
         op()
         self.cache.check_integrity()
         assert actual_pages(self.cache) == self.ref.pages
-        if self.comp.swa_window is not None:
+        if self.comp.has(SWA):
             live = sum(1 for pg in self.ref.pages.values() for s in pg.swa if s >= 0)
-            assert self.cache.swa_size == live
+            assert self.cache.held(SWA) == live
         ck = sum(1 for pg in self.ref.pages.values() if pg.ckpt >= 0)
-        assert self.cache.checkpoint_count == ck
+        assert self.cache.held(STATE) == ck
         self.check_census()
 
     def check_census(self) -> None:
@@ -252,7 +260,7 @@ def test_component_tree_matches_reference(seed: int, page: int, combo: int) -> N
     while d.handles:
         d.do_unlock()
     freed = d.cache.reset()
-    assert d.cache.swa_size == 0 and d.cache.checkpoint_count == 0
+    assert d.cache.held(SWA) == 0 and d.cache.held(STATE) == 0
     assert len(freed.full) == sum(len(p.full) for p in d.ref.pages.values())
 
 
@@ -260,42 +268,42 @@ def test_swa_vote_rejects_tombstoned_window() -> None:
     c = HybridCache(page_size=2, components=["full", "swa:4"])
     toks = list(range(12))
     swa = [-1, -1, -1, -1, 10, 11, 12, 13, 14, 15, 16, 17]  # first 4 positions freed
-    c.insert(toks, list(range(12)), swa)
+    c.insert(toks, list(range(12)), {SWA: swa})
     assert c.match(toks).length == 12
     assert c.match([*toks[:7], 99]).length == 0  # windows before 6 all hit tombstones
     m = c.match([*toks[:9], 99])
-    assert m.length == 8 and m.swa_slots is not None
-    assert m.swa_slots.tolist() == [-1] * 4 + [10, 11, 12, 13]
+    assert m.length == 8
+    assert m.kinds[SWA].tolist() == [-1] * 4 + [10, 11, 12, 13]
     assert c.match([*toks[:3], 99]).length == 0  # window [0, 2) is tombstoned
 
 
 def test_state_resumes_at_deepest_checkpoint_and_divergence_reports_shared() -> None:
     c = HybridCache(page_size=4, components=["full", "state"])
     toks = list(range(40))
-    c.insert(toks, list(range(40)), None, [(16, 7), (32, 8), (40, 9)])
+    c.insert(toks, list(range(40)), {STATE: [(16, 7), (32, 8), (40, 9)]})
     m = c.match([*toks[:30], 99])
-    assert (m.length, m.checkpoint, m.shared_length) == (16, 7, 28)
+    assert (m.length, m.kinds[STATE], m.shared_length) == (16, 7, 28)
     m = c.match(toks)
-    assert (m.length, m.checkpoint) == (40, 9)
+    assert (m.length, m.kinds[STATE]) == (40, 9)
     # A checkpoint left at the divergence point splits the edge there; siblings hit it.
-    out = c.insert(toks[:28], list(range(28)), None, [(28, 11)], owned_from=16)
-    assert out.checkpoints_rejected == () and out.cached == 28
-    assert c.match([*toks[:30], 5]).checkpoint == 11
+    out = c.insert(toks[:28], list(range(28)), {STATE: [(28, 11)]}, owned_from=16)
+    assert out.refused[STATE] == () and out.cached == 28
+    assert c.match([*toks[:30], 5]).kinds[STATE] == 11
     c.check_integrity()
 
 
 def test_trim_keeps_windows_and_locked_resume_point() -> None:
     c = HybridCache(page_size=1, components=["full", "swa:3"])
     toks = list(range(10))
-    c.insert(toks, list(range(10)), list(range(100, 110)))
+    c.insert(toks, list(range(10)), {SWA: list(range(100, 110))})
     m = c.match([*toks[:6], 99])
     c.lock(m.handle)
-    freed = c.evict(swa_slots=100)  # trims, then evicts the unlocked leaf
+    freed = c.evict({SWA: 100})  # trims, then evicts the unlocked leaf
     c.check_integrity()
     again = c.match([*toks[:6], 99])
-    assert again.length == 6 and again.swa_slots is not None
-    assert again.swa_slots.tolist()[3:] == [103, 104, 105]
-    assert 103 not in freed.swa.tolist()
+    assert again.length == 6
+    assert again.kinds[SWA].tolist()[3:] == [103, 104, 105]
+    assert 103 not in freed.kinds[SWA].tolist()
     c.unlock(m.handle)
 
 
@@ -307,6 +315,10 @@ def test_hybrid_cache_needs_every_component_and_is_not_the_plain_one() -> None:
         hy.insert([1, 2], [3, 4])  # the SWA slots are missing
     with pytest.raises(ValueError):
         Components(full=False)
+    with pytest.raises(ValueError):
+        HybridCache(components=["state"])  # no component carries per-token data
+    with pytest.raises(ValueError, match="unknown component"):
+        HybridCache(components=["full", "mla"])
     assert not hasattr(RadixCache(), "components")
     assert TOKEN_BYTES == 8
 
@@ -314,14 +326,15 @@ def test_hybrid_cache_needs_every_component_and_is_not_the_plain_one() -> None:
 def test_insert_handle_covers_the_inserted_prefix_and_locks() -> None:
     c = HybridCache(page_size=2, components=["full", "swa:2", "state"])
     toks = list(range(9))
-    out = c.insert(toks, list(range(9)), list(range(100, 109)), [(8, 5)])
-    assert (out.cached, out.checkpoints_rejected) == (0, ())
+    out = c.insert(toks, list(range(9)), {SWA: list(range(100, 109)), STATE: [(8, 5)]})
+    assert (out.cached, out.refused[STATE]) == (0, ())
     assert c.slots_of(out.handle).tolist() == list(range(8))
-    swa = c.swa_slots_of(out.handle)
+    swa = c.part_of(SWA, out.handle)
     assert swa is not None and swa.tolist() == [-1] * 6 + [106, 107]
+    assert c.part_of(STATE, out.handle) == 5
     c.lock(out.handle)
-    assert c.protected_size == 8 and c.evict(full_tokens=8).full.size == 0
-    again = c.insert(toks[:6], list(range(50, 56)), list(range(200, 206)), owned_from=0)
+    assert c.protected_size == 8 and c.evict({"full": 8}).full.size == 0
+    again = c.insert(toks[:6], list(range(50, 56)), {SWA: list(range(200, 206))}, owned_from=0)
     assert again.cached == 6 and c.slots_of(again.handle).tolist() == list(range(6))
     c.unlock(out.handle)
     c.check_integrity()
@@ -329,14 +342,15 @@ def test_insert_handle_covers_the_inserted_prefix_and_locks() -> None:
 
 def test_full_eviction_is_page_granular_like_the_plain_tree() -> None:
     c = HybridCache(page_size=2, components=["full", "swa:4", "state"])
-    c.insert(list(range(12)), list(range(12)), list(range(100, 112)), [(12, 9)])
-    freed = c.evict(full_tokens=3)  # two pages from the tail; the head stays cached
+    c.insert(list(range(12)), list(range(12)), {SWA: list(range(100, 112)), STATE: [(12, 9)]})
+    freed = c.evict({"full": 3})  # two pages from the tail; the head stays cached
     assert sorted(freed.full.tolist()) == [8, 9, 10, 11]
-    assert sorted(freed.swa.tolist()) == [108, 109, 110, 111] and freed.checkpoints == (9,)
+    assert sorted(freed.kinds[SWA].tolist()) == [108, 109, 110, 111]
+    assert freed.kinds[STATE] == (9,)
     m = c.match(list(range(12)))
     assert m.length == 0 and m.shared_length == 8  # no checkpoint left to resume from
     c.check_integrity()
-    assert c.evictable_size == 8 and c.swa_size == 8
+    assert c.evictable_size == 8 and c.held(SWA) == 8
 
 
 def test_trim_frees_page_by_page_furthest_back_first() -> None:
@@ -344,12 +358,12 @@ def test_trim_frees_page_by_page_furthest_back_first() -> None:
     a boundary inside the cached chain keeps its window as long as the pages it needs live."""
     c = HybridCache(page_size=2, components=["full", "swa:4"])
     toks = list(range(12))
-    c.insert(toks[:6], list(range(6)), list(range(100, 106)))  # a chunk commit: two nodes
-    c.insert(toks, list(range(12)), list(range(100, 112)), owned_from=6)
-    assert sorted(c.evict(swa_slots=1).swa.tolist()) == [100, 101]  # one page, the first
+    c.insert(toks[:6], list(range(6)), {SWA: list(range(100, 106))})  # a chunk commit: two nodes
+    c.insert(toks, list(range(12)), {SWA: list(range(100, 112))}, owned_from=6)
+    assert sorted(c.evict({SWA: 1}).kinds[SWA].tolist()) == [100, 101]  # one page, the first
     assert c.match([*toks[:9], 99]).length == 8  # window [4, 8) still live
-    assert sorted(c.evict(swa_slots=3).swa.tolist()) == [102, 103, 104, 105]
+    assert sorted(c.evict({SWA: 3}).kinds[SWA].tolist()) == [102, 103, 104, 105]
     assert c.match([*toks[:9], 99]).length == 0  # now its window is gone
     assert c.match(toks).length == 12  # the leaf's own window is never trimmed
-    assert c.swa_size == 6 and c.evictable_size == 12
+    assert c.held(SWA) == 6 and c.evictable_size == 12
     c.check_integrity()

@@ -2,11 +2,12 @@
 
 `Scratch` below is a test-only kind, the shape of an encoder cache: each running request holds one
 slot of its own pool for its whole life, a fork gets a copy, the tree never sees it. It is
-registered with one line (`KINDS[SCRATCH] = ScratchMemory`) and then driven through the real KV
-manager and the hybrid coordinator next to a STATE kind: admission, prefill, decode, a fork, the
-tree's insert and release, with every census checked after each call. Nothing else is changed for
-it: the KV manager and `ComponentMemory` iterate the kinds they are given. The tiers need nothing of
-it either: a kind the tree never sees has no tier store, and a prefix evicted from the device comes
+registered with one line (`KINDS[SCRATCH] = Kind(ScratchMemory)`: no tier store, no tree
+component) and then driven through the real KV manager and the hybrid coordinator next to a STATE
+kind: admission, prefill, decode, a fork, the tree's insert and release, with every census checked
+after each call. Nothing else is changed for it: the KV manager and `ComponentMemory` iterate the
+kinds they are given. The tiers need nothing of it either: a kind the tree never sees has no tier
+store, and a prefix evicted from the device comes
 back from the host tier (FULL pages and a STATE checkpoint) for a request that holds a scratch slot.
 """
 
@@ -20,10 +21,10 @@ import pytest
 import torch
 
 from radixkv.cache import HybridCache
-from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
 from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.kv.kind_memory import KindSetup
-from radixkv.engine.kv.kinds import KINDS
+from radixkv.engine.kv.kinds import KINDS, Kind, tier_stores
 from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.kind_store import StoreSetup
@@ -109,7 +110,7 @@ class ScratchMemory:
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
         return None
 
-    def take_freed(self, freed: Freed) -> None:
+    def take_freed(self, value: Any) -> None:
         return None
 
     def reserve_fork(self, parent: Request) -> int | None:
@@ -146,7 +147,7 @@ def _request(rid: str, prompt: list[int]) -> Request:
 def _memory(
     monkeypatch: pytest.MonkeyPatch, scratch_slots: int, host_tier: bool = False
 ) -> tuple[KVManager, Any]:
-    monkeypatch.setitem(KINDS, SCRATCH, ScratchMemory)  # the one registry line
+    monkeypatch.setitem(KINDS, SCRATCH, Kind(ScratchMemory))  # the one registry line
     state = StateLayerSpec((StateTensorSpec("h", (2,)),))
     spec = PoolSpec(1, 0, None, 1, 2, (state,))
     pools = spec.make_pools(64, 0, 8)
@@ -157,7 +158,7 @@ def _memory(
     comp = ComponentMemory(spec, pools, allocator, PS, 4, 64, "cpu", tree, 8)
     tiers = None
     if host_tier:  # L2 as the engine builds it: a store for each kind the registry names
-        stores = make_stores(pools, StoreSetup(spec, PS, 1.0, 8, "fp"))
+        stores = make_stores(pools, StoreSetup(spec, PS, 1.0, 8, "fp"), tier_stores())
         assert [s.kind for s in stores] == [STATE]  # the scratch kind has none
         tiers = TierManager(pools[FULL], PS, 16, "write_through", "fp", stores=stores)
     return KVManager(allocator, table, None, comp, tiers), pools[SCRATCH]

@@ -1,30 +1,36 @@
-"""HybridCache: the radix tree of a hybrid model (FULL + SWA + STATE components); metadata only.
+"""HybridCache: the radix tree of a hybrid model (FULL and the tree's other components: SWA,
+STATE, ...); metadata only.
 
 Built on the same tree core as the plain `RadixCache` (`radixkv.cache.tree`: walk, split, locks,
-leaf queue, page-granular leaf removal, namespaces, sessions) and on one object per extra
-component (`swa.SwaComponent`, `state.StateComponent`), which hold their own ledgers and rules.
-Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once and every component
-votes on the candidate boundaries; the request resumes from the deepest one all accept.
-Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has no FULL
-layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's end.
+leaf queue, page-granular leaf removal, namespaces, sessions) and on one object per other
+component (`TreeComponent`, component.py; `COMPONENTS` below is the registry: SWA in `swa.py`,
+STATE in `state.py`), each holding its own ledger and rules. The tree iterates them in its order
+and never names one. Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once
+and every component votes on the candidate boundaries; the request resumes from the deepest one
+all accept. Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has
+no FULL layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's
+end.
 
-Eviction: SWA K/V outside every kept boundary's window first, page by page, only as many pages as
-asked and the furthest back first (tombstones; checkpoints whose window that breaks are dropped),
-then checkpoints by policy, then unlocked leaves in policy order through the core's page-granular
-removal (tail pages only while FULL alone is short), freeing every component they hold. When SWA
-is still short after trimming, every leaf holds no more than its own last window, so a victim leaf
-goes whole: cutting its tail would leave no usable boundary in it.
-`FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL
-tokens as in the plain tree; `swa_size` and `checkpoint_count` are the other components' ledgers.
+Eviction, asked per kind (`evict({kind: n})`): first each asked component trims what it can
+without removing nodes, in the tree's order (SWA: K/V outside every kept boundary's window, page
+by page, only as many pages as asked and the furthest back first; STATE: checkpoints by policy),
+and the others prune what that left unusable (checkpoints whose window went); then unlocked
+leaves in policy order through the core's page-granular removal (tail pages only while FULL alone
+is short), freeing every component they hold, while FULL or a per-token component is short. When
+SWA is still short after trimming, every leaf holds no more than its own last window, so a victim
+leaf goes whole: cutting its tail would leave no usable boundary in it.
+`FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL tokens as in the plain
+tree; `held(kind)` is every other component's ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.hybrid.components import Components, Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.component import InsertSite, TreeComponent
+from radixkv.cache.hybrid.components import FULL, Components, Freed, HybridInsert, HybridMatch
 from radixkv.cache.hybrid.state import StateComponent
 from radixkv.cache.hybrid.swa import SwaComponent
 from radixkv.cache.keys import (
@@ -40,6 +46,12 @@ from radixkv.cache.policies import EvictionPolicy
 from radixkv.cache.tree import RadixTree
 
 _ALL = 1 << 62  # "no page-granular limit": a victim leaf goes whole
+
+# The kinds the tree keeps besides FULL: kind -> its component class (component.py).
+COMPONENTS: dict[str, type[TreeComponent]] = {
+    SwaComponent.kind: SwaComponent,
+    StateComponent.kind: StateComponent,
+}
 
 
 class HybridCache(RadixTree):
@@ -57,11 +69,24 @@ class HybridCache(RadixTree):
         if not self.components.hybrid:
             raise ValueError("a FULL-only cache is a RadixCache")
         self.has_full = self.components.full
-        window = self.components.swa_window
         key = self.policy.key
-        self.swa = SwaComponent(window, page_size, key) if window is not None else None
-        self.state = StateComponent(key) if self.components.state else None
+        comps: list[TreeComponent] = []
+        for kind, arg in self.components.kinds:
+            make = COMPONENTS.get(kind)
+            if make is None:
+                raise ValueError(f"unknown component {kind!r} (full | {' | '.join(COMPONENTS)})")
+            comps.append(make(arg, page_size, key))
+        self.parts: tuple[TreeComponent, ...] = tuple(comps)
+        self._by_kind = {c.kind: c for c in comps}
+        self._kinds = frozenset(self._by_kind)
+        self._per_token = tuple(c for c in comps if c.per_token)
+        if not self.has_full and not self._per_token:
+            raise ValueError("a cache needs FULL or a per-token component such as SWA")
         self.policy.bind(self)
+
+    def component(self, kind: str) -> TreeComponent | None:
+        """The component keeping `kind` (None: this tree has none)."""
+        return self._by_kind.get(kind)
 
     # ---------------------------------------------------------------- match
 
@@ -86,17 +111,24 @@ class HybridCache(RadixTree):
         return path, pos
 
     def _vote(self, path: list[Node], shared: int) -> int:
-        """The deepest boundary <= `shared` (tokens) every component accepts."""
-        swa = self.swa
-        tombs = swa.tombstones(path, shared) if swa is not None else []
-        if self.state is not None:
-            ends = self.state.boundaries(path, shared)
-            return next(p for p in reversed(ends) if swa is None or swa.accepts(tombs, p))
-        return swa.deepest(tombs, shared) if swa is not None else shared
+        """The deepest boundary <= `shared` (tokens) every component accepts: each gives the
+        deepest it accepts at or before the last candidate, until none moves it (each answer
+        is the deepest it accepts, so no common boundary is ever skipped)."""
+        deepest = [c.vote(path, shared) for c in self.parts]
+        p = deepest[0](shared)
+        if len(deepest) == 1:
+            return p
+        while True:
+            q = p
+            for d in deepest:
+                q = d(q)
+            if q == p:
+                return p
+            p = q
 
     def _empty_match(self, shared: int = 0) -> HybridMatch:
-        swa = concat_slots([]) if self.swa is not None else None
-        return HybridMatch(0, concat_slots([]), None, swa, -1, shared)
+        kinds = {c.kind: c.empty() for c in self.parts}
+        return HybridMatch(0, concat_slots([]), None, kinds, shared)
 
     def match(
         self,
@@ -135,8 +167,8 @@ class HybridCache(RadixTree):
             self._record_match(kept, p)
         handle = kept[-1]
         full = concat_slots([n.slots for n in kept]) if self.has_full else concat_slots([])
-        swa = self.swa.window_slots(kept, p) if self.swa is not None else None
-        return HybridMatch(p, full, handle, swa, handle.ckpt, shared)
+        kinds = {c.kind: c.matched(kept, p) for c in self.parts}
+        return HybridMatch(p, full, handle, kinds, shared)
 
     def peek_full(
         self, tokens: Sequence[int] | SlotArray, namespace: Hashable | None = None
@@ -153,178 +185,176 @@ class HybridCache(RadixTree):
             return shared, concat_slots([]), path[-1] if path else None
         return shared, concat_slots([n.slots for n in path])[:shared], path[-1]
 
-    def swa_slots_of(self, handle: Any) -> SlotArray | None:
-        """The SWA slots of the prefix `handle` covers, -1 before its window (None without
-        SWA); with `slots_of`, what a request reads after moving its lock to `handle`."""
-        if self.swa is None:
+    def part_of(self, kind: str, handle: Any) -> Any:
+        """What a match of exactly the prefix `handle` covers gives `kind` (SWA: its slots, -1
+        before its window; None without the kind); with `slots_of`, what a request reads after
+        moving its lock to `handle`."""
+        comp = self._by_kind.get(kind)
+        if comp is None:
             return None
         path: list[Node] = []
         node: Node | None = self._live(handle) if handle is not None else None
         while node is not None and node.parent is not None:
             path.append(node)
             node = node.parent
+        if not path:
+            return comp.empty()
         path.reverse()
-        return self.swa.window_slots(path, sum(n.ntok for n in path))
+        return comp.matched(path, sum(n.ntok for n in path))
 
     # ---------------------------------------------------------------- split and insert
 
     def _split(self, child: Node, at: int) -> Node:
-        """The core's split, cutting the SWA array too (a checkpoint stays with `child`, the
-        lower part: it is valid at child's end)."""
+        """The core's split; every component moves its data with the tokens."""
         upper = super()._split(child, at)
-        if self.swa is not None:
-            self.swa.on_split(upper, child, upper.ntok)
+        for c in self.parts:
+            c.split(upper, child)
         return upper
 
     def insert(
         self,
         tokens: Sequence[int] | SlotArray,
         slots: Sequence[int] | SlotArray | None,
-        swa: Sequence[int] | SlotArray | None = None,
-        checkpoints: Sequence[tuple[int, int]] = (),
+        parts: Mapping[str, Any] | None = None,
         namespace: Hashable | None = None,
         priority: int = 0,
         owned_from: int = 0,
     ) -> HybridInsert:
         """Insert every component's data for the page-floored prefix of `tokens`: FULL `slots`
-        (None without FULL), per-token `swa` slots (-1 where the caller already freed them),
-        and STATE `checkpoints` as (boundary, checkpoint id) pairs (a boundary must be a whole
-        number of pages within the inserted prefix). Positions < `owned_from` are the caller's
-        locked match (the tree's own data); for positions >= owned_from the tree adopts SWA
-        slots where it has tombstones. See HybridInsert for what the caller must free."""
+        (None without FULL) and `parts[kind]`, each kind's part: SWA one slot per token (-1
+        where the caller already freed it; required), STATE (boundary, checkpoint id) pairs (a
+        boundary must be a whole number of pages within the inserted prefix). Positions <
+        `owned_from` are the caller's locked match (the tree's own data); for positions >=
+        owned_from the tree adopts SWA slots where it has tombstones. See HybridInsert for what
+        the caller must free."""
         q = token_key(tokens)
         n = len(q) // TOKEN_BYTES
-        if (slots is None) == self.has_full or (swa is None) == (self.swa is not None):
+        parts = parts or {}
+        if (slots is None) == self.has_full or not parts.keys() <= self._kinds:
             raise ValueError(f"insert needs exactly the data of {self.components.names()}")
         full = slot_array(slots, n) if slots is not None else None
-        swa_arr = slot_array(swa, n) if swa is not None else None
+        mine = [(c, c.prepare(parts.get(c.kind), n)) for c in self.parts]
         self._stats.insert_calls += 1
         end = len(q) - len(q) % self._page_bytes
         end_tok = end // TOKEN_BYTES
         root = self._root_for_insert(namespace, end)
-        if root is None:  # nothing to insert: the caller keeps all its slots
-            return HybridInsert(0, None, concat_slots([]), tuple(c for _, c in checkpoints))
+        if root is None:  # nothing to insert: the caller keeps all its data
+            site = InsertSite([], None, 0, 0, owned_from, lambda p: None)
+            return HybridInsert(0, None, {c.kind: c.adopt(site, part) for c, part in mine})
         path, pos = self._walk(root, q)
         pos_tok = pos // TOKEN_BYTES
         if pos_tok < owned_from and pos_tok < end_tok:
             raise RuntimeError(f"tree lost a locked prefix: found {pos_tok} < owned {owned_from}")
         self._touch(path, priority)
-        swa_free = concat_slots([])
-        if self.swa is not None and swa_arr is not None:
-            swa_free = self.swa.revive(path, swa_arr, owned_from)
         handle: Node | None = path[-1] if path else None
+        leaf = None
         if pos < end:
             leaf_slots = frozen_copy(full[pos_tok:end_tok]) if full is not None else EMPTY_SLOTS
-            handle = self._add_leaf(path[-1] if path else root, q[pos:end], leaf_slots, priority)
-            if self.swa is not None and swa_arr is not None:
-                self.swa.adopt_leaf(handle, swa_arr[pos_tok:end_tok])
+            handle = leaf = self._add_leaf(
+                path[-1] if path else root, q[pos:end], leaf_slots, priority
+            )
         elif handle is not None and handle.entry is not None:
             self._leaves.touched(handle)
-        rejected = self._attach_checkpoints(root, q, end_tok, checkpoints)
-        return HybridInsert(pos_tok, handle, swa_free, rejected)
+        site = InsertSite(path, leaf, pos_tok, end_tok, owned_from, self._node_at(root, q))
+        # In the tree's order: per-token data is on the new leaf before a later split cuts it.
+        refused = {c.kind: c.adopt(site, part) for c, part in mine}
+        return HybridInsert(pos_tok, handle, refused)
 
-    def _attach_checkpoints(
-        self, root: Node, q: bytes, end_tok: int, checkpoints: Sequence[tuple[int, int]]
-    ) -> tuple[int, ...]:
-        rejected: list[int] = []
-        ps = self.page_size
-        for p, cid in checkpoints:
-            if self.state is None or p <= 0 or p > end_tok or p % ps:
-                rejected.append(cid)
-                continue
+    def _node_at(self, root: Node, q: bytes) -> Callable[[int], Node | None]:
+        """The node of `q`'s path ending exactly at boundary p (tokens), splitting there."""
+
+        def at(p: int) -> Node | None:
             path, pos = self._walk(root, q[: p * TOKEN_BYTES])
-            if pos // TOKEN_BYTES != p or not self.state.attach(path[-1], cid):
-                rejected.append(cid)
-        return tuple(rejected)
+            return path[-1] if path and pos // TOKEN_BYTES == p else None
+
+        return at
 
     # ---------------------------------------------------------------- eviction and reset
 
-    def evict(self, full_tokens: int = 0, swa_slots: int = 0, checkpoints: int = 0) -> Freed:
-        """Free at least the asked amounts where possible: SWA K/V outside every kept window
-        first (tombstones), then unlocked checkpoints in policy order, then unlocked leaves in
-        policy order (freeing every component they hold) while FULL or SWA is short; the
-        caller frees what comes back."""
-        swa_parts: list[SlotArray] = []
-        ckpts: list[int] = []
-        got_swa = self._trim(swa_slots, swa_parts, ckpts) if swa_slots > 0 else 0
-        if self.state is not None and len(ckpts) < checkpoints:
-            self.state.drop(checkpoints - len(ckpts), ckpts)
+    def evict(self, want: Mapping[str, int]) -> Freed:
+        """Free at least `want[kind]` of each kind where possible (FULL tokens, SWA slots,
+        checkpoints; kinds this tree lacks are ignored): every asked component trims first
+        (the others pruning what that broke), then unlocked leaves go in policy order (freeing
+        every component they hold) while FULL or a per-token component is short; the caller
+        frees what comes back."""
+        out: dict[str, list[Any]] = {c.kind: [] for c in self.parts}
+        got = dict.fromkeys(out, 0)
+        for c in self.parts:
+            if want.get(c.kind, 0) > got[c.kind]:
+                self._trim(c, want[c.kind] - got[c.kind], out, got)
+        want_full = want.get(FULL, 0)
         full_parts: list[SlotArray] = []
         got_full = 0
-        while got_full < full_tokens or got_swa < swa_slots:
-            # Page-granular while FULL alone is short; a leaf goes whole when SWA is.
-            need = full_tokens - got_full if got_swa >= swa_slots else _ALL
-            node = self._pop_victim(need)
+        short = self._short(want, got)
+        while got_full < want_full or short:
+            # Page-granular while FULL alone is short; a leaf goes whole when another kind is.
+            node = self._pop_victim(want_full - got_full if not short else _ALL)
             if node is None:
                 break
             self._remove_leaf(node)
             if self.has_full:
                 full_parts.append(node.slots)
                 got_full += node.ntok
-            got_swa += self._forget(node, swa_parts, ckpts)
-        if got_swa < swa_slots:  # removed leaves turned branch points into pass-through nodes
-            got_swa += self._trim(swa_slots - got_swa, swa_parts, ckpts)
-        return Freed(concat_slots(full_parts), concat_slots(swa_parts), tuple(ckpts))
+            for c in self.parts:
+                got[c.kind] += c.forget(node, out[c.kind])
+            short = self._short(want, got)
+        for c in short:  # removed leaves turned branch points into pass-through nodes
+            self._trim(c, want[c.kind] - got[c.kind], out, got)
+        kinds = {c.kind: c.collect(out[c.kind]) for c in self.parts}
+        return Freed(concat_slots(full_parts), kinds)
 
-    def _trim(self, want: int, swa_parts: list[SlotArray], ckpts: list[int]) -> int:
-        """SWA trimming, then the checkpoints it left without a window."""
-        if self.swa is None:
-            return 0
-        got = self.swa.trim(want, swa_parts)
-        if got and self.state is not None:
-            self.state.drop_blind(self.swa.window_intact, ckpts)
-        return got
+    def _short(self, want: Mapping[str, int], got: dict[str, int]) -> list[TreeComponent]:
+        """The per-token components an eviction has not freed enough of yet."""
+        return [c for c in self._per_token if got[c.kind] < want.get(c.kind, 0)]
 
-    def _forget(self, node: Node, swa_parts: list[SlotArray], ckpts: list[int]) -> int:
-        """A removed node's SWA slots and checkpoint into the freed lists; SWA count."""
-        if self.state is not None:
-            self.state.forget(node, ckpts)
-        return self.swa.forget(node, swa_parts) if self.swa is not None else 0
+    def _trim(
+        self, comp: TreeComponent, n: int, out: dict[str, list[Any]], got: dict[str, int]
+    ) -> None:
+        """`comp` trims up to `n`; every other component prunes what that left unusable."""
+        trimmed = comp.trim(n, out[comp.kind])
+        got[comp.kind] += trimmed
+        if trimmed:
+            for c in self.parts:
+                if c is not comp:
+                    got[c.kind] += c.prune(comp.intact, out[c.kind])
 
     def reset(self) -> Freed:
         """Drop every node, locks included (their handles become stale), and return every
         component's data the tree held, for the caller to free."""
         nodes = self._drop_all()
         full = concat_slots([n.slots for n in nodes]) if self.has_full else concat_slots([])
-        swa_parts: list[SlotArray] = []
-        ckpts: list[int] = []
+        out: dict[str, list[Any]] = {c.kind: [] for c in self.parts}
         for n in nodes:
-            self._forget(n, swa_parts, ckpts)
-        return Freed(full, concat_slots(swa_parts), tuple(ckpts))
+            for c in self.parts:
+                c.forget(n, out[c.kind])
+        return Freed(full, {c.kind: c.collect(out[c.kind]) for c in self.parts})
 
     # ---------------------------------------------------------------- sizes and checks
 
-    @property
-    def swa_size(self) -> int:
-        """Live SWA slots held by the tree (0 without an SWA component)."""
-        return self.swa.size if self.swa is not None else 0
+    def held(self, kind: str) -> int:
+        """Units of `kind` the tree holds (SWA slots, checkpoints; 0 without the kind)."""
+        comp = self._by_kind.get(kind)
+        return comp.size if comp is not None else 0
 
-    @property
-    def checkpoint_count(self) -> int:
-        """STATE checkpoints held by the tree."""
-        return len(self.state) if self.state is not None else 0
+    def held_values(self, kind: str) -> list[int]:
+        """The values of `kind` the tree holds (its slots or checkpoint ids)."""
+        comp = self._by_kind.get(kind)
+        return comp.values() if comp is not None else []
 
-    def cached_checkpoints(self) -> list[int]:
-        return self.state.ids() if self.state is not None else []
-
-    def evictable_swa(self) -> int:
-        """Live SWA entries eviction could free now (O(nodes); admission estimates, tests)."""
-        nodes = [n for _, n in self.iter_nodes()]
-        return self.swa.evictable(nodes) if self.swa is not None else 0
+    def evictable(self, kind: str) -> int:
+        """Units of `kind` eviction could free now (O(nodes); admission estimates, tests)."""
+        comp = self._by_kind.get(kind)
+        return comp.evictable([n for _, n in self.iter_nodes()]) if comp is not None else 0
 
     def check_integrity(self) -> None:
         """Verify the core's and every component's invariants (AssertionError on the first
         violation)."""
         self._check_core()
         nodes = [n for _, n in self.iter_nodes()]
-        if self.swa is not None:
-            self.swa.check(nodes)
-        elif any(n.swa is not None for n in nodes):
-            raise AssertionError("component integrity: SWA slots without an SWA component")
-        if self.state is not None:
-            self.state.check(nodes)
-        elif any(n.ckpt >= 0 for n in nodes):
-            raise AssertionError("component integrity: checkpoint without a STATE component")
-        for root in self._roots.values():
-            if root.swa is not None or root.ckpt >= 0:
+        for c in self.parts:
+            c.check(nodes)
+        for kind, cls in COMPONENTS.items():
+            if kind not in self._by_kind and any(cls.stray(n) for n in nodes):
+                raise AssertionError(f"component integrity: {kind} data without its component")
+            if any(cls.stray(root) for root in self._roots.values()):
                 raise AssertionError("component integrity: a namespace root carries data")

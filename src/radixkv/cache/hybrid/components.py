@@ -1,14 +1,16 @@
 """Memory components of a hybrid model, as the radix tree sees them, and the hybrid cache's
-contract (`HybridPrefixCache`, its match and insert results); metadata only, no torch.
+contract (`HybridPrefixCache`, its match, insert and eviction results, each carrying one value
+per kind); metadata only, no torch.
 
-A model's layers fall into up to three components, each with its own pool and its own reuse rule
-at a candidate boundary B (a page boundary on a cached path):
+A model's layers fall into kinds of KV, each with its own pool and its own reuse rule at a
+candidate boundary B (a page boundary on a cached path). FULL (K/V for every token, every
+boundary on the cached path usable, evicted leaf-first) is the tree core's own `slots`. Every
+other kind the tree keeps is one `TreeComponent` (`component.py`, the registry in `cache.py`):
 
-- FULL: K/V for every token. Accepts every boundary on the cached path. Evicted leaf-first.
-- SWA(window W): K/V for every token, but a boundary is usable only if the W tokens before it
-  still have their K/V; K/V further back may be freed, leaving tombstones (slot -1) on the node.
-- STATE: a fixed-size recurrent/conv state. Accepts B = 0 and boundaries that carry a checkpoint
-  (a state slot holding the state after exactly B tokens); cached checkpoints are never written.
+- SWA(window W), `swa.py`: K/V for every token, but a boundary is usable only if the W tokens
+  before it still have their K/V; K/V further back may be freed (tombstones, slot -1).
+- STATE, `state.py`: a fixed-size recurrent/conv state. Accepts B = 0 and boundaries that carry
+  a checkpoint (a state slot holding the state after exactly B tokens).
 
 `Components` says which of them a cache was built with. The plain full-attention cache
 (`RadixCache`) is the FULL-only case; every other combination is a `HybridCache`
@@ -17,7 +19,7 @@ at a candidate boundary B (a page boundary on a cached path):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -25,64 +27,62 @@ import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixIndex, SlotArray
 
+FULL = "full"  # the core's own kind: one slot per token on every node
 TOMBSTONE = -1  # an SWA slot entry whose K/V was freed (or never kept)
 
 
 @dataclass(frozen=True)
 class Components:
-    """Which components a cache tracks. At least FULL or SWA must be present (they carry the
-    per-token data that keeps a path alive); STATE rides on top of either."""
+    """Which components a cache tracks: FULL, and the tree's other kinds in the tree's order,
+    each with its argument (SWA's window; None for STATE). At least one of them must carry
+    per-token data (FULL or SWA, `HybridCache` checks the kinds)."""
 
     full: bool = True
-    swa_window: int | None = None
-    state: bool = False
+    kinds: tuple[tuple[str, int | None], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.swa_window is not None and self.swa_window < 1:
-            raise ValueError(f"swa_window must be >= 1, got {self.swa_window}")
-        if not self.full and self.swa_window is None:
-            raise ValueError("a cache needs a FULL or an SWA component")
-
-    @property
-    def has_swa(self) -> bool:
-        return self.swa_window is not None
+        if not self.full and not self.kinds:
+            raise ValueError("a cache needs a FULL component or another one")
+        names = [k for k, _ in self.kinds]
+        if len(set(names)) != len(names) or FULL in names:
+            raise ValueError(f"a kind named twice: {names}")
 
     @property
     def hybrid(self) -> bool:
         """True unless this is the plain FULL-only cache."""
-        return not self.full or self.swa_window is not None or self.state
+        return not self.full or bool(self.kinds)
+
+    def has(self, kind: str) -> bool:
+        return any(k == kind for k, _ in self.kinds)
+
+    def get(self, kind: str) -> int | None:
+        """The argument of `kind` (None: no argument, or no such kind)."""
+        return next((arg for k, arg in self.kinds if k == kind), None)
 
     @classmethod
     def parse(cls, spec: Components | Iterable[str] | None) -> Components:
-        """`None` → FULL only; or names such as ("full", "swa:4096", "state")."""
+        """`None` → FULL only; or names such as ("full", "swa:4096", "state"): a kind's name,
+        then its integer argument after a colon (which kinds exist, `HybridCache` knows)."""
         if spec is None:
             return cls()
         if isinstance(spec, Components):
             return spec
-        full = state = False
-        window: int | None = None
+        full = False
+        kinds: list[tuple[str, int | None]] = []
         for item in spec:
-            name, _, arg = str(item).partition(":")
-            if name == "full":
+            name, colon, arg = str(item).partition(":")
+            if name == FULL and not colon:
                 full = True
-            elif name == "swa":
-                if not arg:
-                    raise ValueError("swa needs a window, e.g. 'swa:4096'")
-                window = int(arg)
-            elif name == "state":
-                state = True
-            else:
-                raise ValueError(f"unknown component {item!r} (full | swa:W | state)")
-        return cls(full=full, swa_window=window, state=state)
+                continue
+            try:
+                kinds.append((name, int(arg) if colon else None))
+            except ValueError:
+                raise ValueError(f"bad component {item!r} (e.g. full | swa:W | state)") from None
+        return cls(full=full, kinds=tuple(kinds))
 
     def names(self) -> tuple[str, ...]:
-        out = []
-        if self.full:
-            out.append("full")
-        if self.swa_window is not None:
-            out.append(f"swa:{self.swa_window}")
-        if self.state:
-            out.append("state")
+        out = [FULL] if self.full else []
+        out += [k if a is None else f"{k}:{a}" for k, a in self.kinds]
         return tuple(out)
 
 
@@ -92,27 +92,26 @@ def _empty() -> SlotArray:
 
 @dataclass(frozen=True)
 class Freed:
-    """What one eviction (or reset) took from the tree, per component; the caller frees it."""
+    """What one eviction (or reset) took from the tree: FULL slots, and per kind its value
+    (SWA: a slot array; STATE: a tuple of checkpoint ids); the caller frees them."""
 
     full: SlotArray = field(default_factory=_empty)
-    swa: SlotArray = field(default_factory=_empty)
-    checkpoints: tuple[int, ...] = ()
+    kinds: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class HybridMatch(MatchResult):
     """A hybrid match: the deepest boundary every component accepts, with each one's data.
 
-    `swa_slots[i]` is the SWA slot of token i for i in [length - W, length), -1 before that
-    (None without SWA). `checkpoint` is the STATE checkpoint valid exactly at `length` (-1:
-    none; resume from zeros at 0). `shared_length` is the longest page-aligned prefix whose
-    tokens are on a cached path, before the SWA and STATE votes: `shared_length > length`
-    means the request diverges at `shared_length` inside a span it cannot resume in (a good
-    place for a new checkpoint).
+    `kinds[kind]` is what the match gives that kind (`TreeComponent.matched`): SWA the slots
+    of tokens [length - W, length), -1 before that; STATE the checkpoint valid exactly at
+    `length` (-1: none; resume from zeros at 0). `shared_length` is the longest page-aligned
+    prefix whose tokens are on a cached path, before the components' votes: `shared_length >
+    length` means the request diverges at `shared_length` inside a span it cannot resume in (a
+    good place for a new checkpoint).
     """
 
-    swa_slots: SlotArray | None = None
-    checkpoint: int = -1
+    kinds: Mapping[str, Any] = field(default_factory=dict)
     shared_length: int = -1
 
 
@@ -121,21 +120,20 @@ class HybridInsert(NamedTuple):
 
     `cached`: leading tokens already cached (FULL semantics, as the plain insert returns);
     `handle`: covers exactly the page-floored inserted prefix (None when that is empty).
-    `swa_free`: the caller's SWA slots (from positions >= owned_from) the tree did not adopt
-    (duplicates); the caller frees them. Adopted ones (new tail, revived tombstones) are the
-    tree's now. `checkpoints_rejected`: checkpoint ids the tree did not take (a checkpoint was
-    already there, or the boundary is invalid); the caller frees them.
+    `refused[kind]`: what the tree did not take of that kind's part; the caller frees it. SWA:
+    the caller's slots (from positions >= owned_from) the tree already had (adopted ones, a new
+    tail or revived tombstones, are the tree's now); STATE: checkpoint ids it did not take (one
+    was already there, or the boundary is invalid).
     """
 
     cached: int
     handle: Any
-    swa_free: SlotArray
-    checkpoints_rejected: tuple[int, ...]
+    refused: Mapping[str, Any]
 
 
 class HybridPrefixCache(PrefixIndex, Protocol):
     """What the engine needs from a cache of several components (the FULL sizes and
-    `cached_slots` of `PrefixIndex` count FULL tokens; SWA and STATE have their own)."""
+    `cached_slots` of `PrefixIndex` count FULL tokens; every other kind has its own, `held`)."""
 
     components: Components
 
@@ -147,14 +145,16 @@ class HybridPrefixCache(PrefixIndex, Protocol):
         self,
         tokens: Sequence[int],
         slots: Sequence[int] | SlotArray | None,
-        swa: Sequence[int] | SlotArray | None = None,
-        checkpoints: Sequence[tuple[int, int]] = (),
+        parts: Mapping[str, Any] | None = None,
         namespace: Hashable | None = None,
         priority: int = 0,
         owned_from: int = 0,
     ) -> HybridInsert: ...
 
-    def evict(self, full_tokens: int = 0, swa_slots: int = 0, checkpoints: int = 0) -> Freed: ...
+    def evict(self, want: Mapping[str, int]) -> Freed:
+        """Free at least `want[kind]` of each kind where possible (FULL tokens, SWA slots,
+        checkpoints)."""
+        ...
 
     def reset(self) -> Freed: ...
 
@@ -164,15 +164,14 @@ class HybridPrefixCache(PrefixIndex, Protocol):
         """The cached path before the votes: (length, FULL slots, a handle protecting them)."""
         ...
 
-    def swa_slots_of(self, handle: Any) -> SlotArray | None:
-        """The SWA slots of the prefix `handle` covers, -1 before its window (None without
-        SWA)."""
+    def part_of(self, kind: str, handle: Any) -> Any:
+        """What a match of exactly the prefix `handle` covers gives `kind` (None without it)."""
         ...
 
-    @property
-    def swa_size(self) -> int: ...
+    def held(self, kind: str) -> int:
+        """Units of `kind` the tree holds (SWA slots, checkpoints; 0 without it)."""
+        ...
 
-    @property
-    def checkpoint_count(self) -> int: ...
-
-    def cached_checkpoints(self) -> list[int]: ...
+    def held_values(self, kind: str) -> list[int]:
+        """The values of `kind` the tree holds (its slots or checkpoint ids)."""
+        ...

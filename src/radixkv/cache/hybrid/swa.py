@@ -4,7 +4,7 @@ Each node of a tree with SWA carries `node.swa`, one SWA slot per token, TOMBSTO
 the K/V was freed (or never kept). A boundary B is usable only if the `window` tokens before it
 have live entries. `SwaComponent` keeps the component's ledger and registry and implements its
 part of match (the vote), insert (adopting the caller's slots where the tree has tombstones),
-split, and eviction by trimming.
+split, and eviction by trimming (a `TreeComponent`, component.py).
 
 Invariants (checked by `check`):
 - tombstones are whole pages; `size` == live SWA entries in the tree; no slot twice;
@@ -28,9 +28,10 @@ from typing import Any, NoReturn
 import numpy as np
 
 from radixkv.cache.base import SlotArray
+from radixkv.cache.hybrid.component import InsertSite
 from radixkv.cache.hybrid.components import TOMBSTONE
 from radixkv.cache.integrity import check_unique_slots
-from radixkv.cache.keys import concat_slots, frozen_copy
+from radixkv.cache.keys import concat_slots, frozen_copy, slot_array
 from radixkv.cache.node import Node, is_lock_end
 
 
@@ -41,7 +42,12 @@ def _fail(msg: str) -> NoReturn:
 class SwaComponent:
     """Sliding-window K/V of one hybrid tree (see the module docstring)."""
 
-    def __init__(self, window: int, page_size: int, key: Callable[[Any], Any]) -> None:
+    kind = "swa"
+    per_token = True
+
+    def __init__(self, window: int | None, page_size: int, key: Callable[[Any], Any]) -> None:
+        if window is None or window < 1:
+            raise ValueError(f"swa needs a window >= 1, e.g. 'swa:4096' (got {window})")
         self.window = window
         self.page_size = page_size
         self._key = key  # the eviction policy's order: least valuable first
@@ -57,6 +63,16 @@ class SwaComponent:
             self.nodes.pop(id(node), None)
 
     # ---------------------------------------------------------------- match
+
+    def vote(self, path: list[Node], shared: int) -> Callable[[int], int]:
+        tombs = self.tombstones(path, shared)
+        return lambda p: self.deepest(tombs, p)
+
+    def matched(self, path: list[Node], length: int) -> SlotArray:
+        return self.window_slots(path, length)
+
+    def empty(self) -> SlotArray:
+        return concat_slots([])
 
     def tombstones(self, path: list[Node], shared: int) -> list[int]:
         """Positions of tombstones among the first `shared` tokens of `path`, ascending."""
@@ -85,8 +101,23 @@ class SwaComponent:
 
     # ---------------------------------------------------------------- insert and split
 
-    def on_split(self, upper: Node, lower: Node, ntok: int) -> None:
-        """`lower` lost its first `ntok` tokens to the new `upper`."""
+    def prepare(self, part: Any, ntok: int) -> SlotArray:
+        """One SWA slot per token (-1 where the caller already freed it)."""
+        if part is None:
+            raise ValueError("an insert into a tree with SWA needs its SWA slots")
+        return slot_array(part, ntok)
+
+    def adopt(self, site: InsertSite, part: SlotArray) -> SlotArray:
+        """Revive the cached path's tombstones from `part`, give the new leaf its slots;
+        the caller's duplicates come back."""
+        dup = self.revive(site.path, part, site.owned_from)
+        if site.leaf is not None:
+            self.adopt_leaf(site.leaf, part[site.cached : site.end])
+        return dup
+
+    def split(self, upper: Node, lower: Node) -> None:
+        """`lower` lost its first `upper.ntok` tokens to the new `upper`."""
+        ntok = upper.ntok
         swa = lower.swa
         assert swa is not None
         upper.swa = frozen_copy(swa[:ntok])
@@ -200,6 +231,23 @@ class SwaComponent:
             need -= n.ntok
             n = n.parent
         return True
+
+    def intact(self, node: Node) -> bool:
+        return self.window_intact(node)
+
+    def prune(self, intact: Callable[[Node], bool], out: list[SlotArray]) -> int:
+        """Trimming elsewhere leaves every SWA entry usable (nothing to drop)."""
+        return 0
+
+    def collect(self, out: list[SlotArray]) -> SlotArray:
+        return concat_slots(out)
+
+    def values(self) -> list[int]:
+        return [int(s) for n in self.nodes.values() if n.swa is not None for s in n.swa if s >= 0]
+
+    @staticmethod
+    def stray(node: Node) -> bool:
+        return node.swa is not None
 
     def forget(self, node: Node, out: list[SlotArray]) -> int:
         """A node left the tree: its live SWA slots go to `out`; returns how many."""

@@ -5,8 +5,9 @@ It holds the hybrid tree (`radixkv.cache.HybridCache`, through its `HybridPrefix
 contract) and makes every call that moves data in or out of it, returning what the tree lets go
 of to FULL's allocator (the KV manager's) and to each kind's (`take_freed`). Everything a
 running request holds besides FULL is kept by its kind's memory, in `req.kv_kinds[kind]`; this
-class only iterates the kinds, in the registry's order, and never names one except where the
-tree still takes per-component arguments (`_tree_insert`). Tier loads (engine/kv/tier_load.py)
+class only iterates the kinds, in the registry's order, and never names one: the tree takes and
+answers each kind's data in mappings keyed by kind, which each kind reads its own entry of. Tier
+loads (engine/kv/tier_load.py)
 go through the kinds the tiers keep (`TierKind`, `tier_kind`).
 
 Census per kind after every public call (`check`): free + cached in the tree + held by running
@@ -29,11 +30,11 @@ from radixkv.cache.hybrid.components import (
     HybridPrefixCache,
 )
 from radixkv.engine.kv.kind_memory import KindMemory, KindSetup, TierKind
-from radixkv.engine.kv.kinds import build_kinds
+from radixkv.engine.kv.kinds import build_kinds, tree_components
 from radixkv.engine.request import Request
 from radixkv.engine.tiers.kind_store import KindPart
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import FULL, STATE, SWA, ModelPools, PoolSpec
+from radixkv.memory.hybrid import FULL, ModelPools, PoolSpec
 
 if TYPE_CHECKING:
     from radixkv.engine.kv.kv_manager import KVManager
@@ -75,18 +76,21 @@ class ComponentMemory:
         others = {k: pools[k] for k in pools.kinds if k != FULL}
         self.kinds: dict[str, KindMemory] = build_kinds(others, setup)
         self._all = tuple(self.kinds.values())
+        if cache is not None:
+            tree = {kind for kind, _ in cache.components.kinds}
+            if not tree <= set(self.kinds):
+                raise ValueError(
+                    f"the tree keeps kinds {sorted(tree)}, the pools {sorted(self.kinds)}"
+                )
         # The kinds a tier load can bring back (each with a store in the tiers, or none to bring).
         self._tier = {kind: k for kind, k in self.kinds.items() if isinstance(k, TierKind)}
 
     @staticmethod
     def components_of(spec: PoolSpec) -> Components:
         """The tree's components: FULL always (real slots, or zero-layer bookkeeping slots for
-        a model without FULL layers, see engine.setup.hybrid_spec)."""
-        return Components(
-            full=True,
-            swa_window=spec.swa_window if spec.has_swa else None,
-            state=spec.has_state,
-        )
+        a model without FULL layers, see engine.setup.hybrid_spec), then each kind the tree
+        keeps for `spec` (the registry's `tree`, engine/kv/kinds.py)."""
+        return Components.parse([FULL, *tree_components(spec)])
 
     # -- eviction --------------------------------------------------------------------------------
     def _free(self, freed: Freed) -> None:
@@ -96,17 +100,17 @@ class ComponentMemory:
             if self.tiers is not None:
                 self.tiers.on_evict(freed.full)  # write_back demotes before the slots are freed
             self.full_alloc.free_slots_of_pages(freed.full)
-        for m in self._all:
-            m.take_freed(freed)
+        for kind, m in self.kinds.items():
+            m.take_freed(freed.kinds.get(kind))
 
-    def _evict(self, **amounts: int) -> None:
-        """A kind is short: ask the tree for room (e.g. swa_slots=n, checkpoints=n)."""
+    def _evict(self, kind: str, n: int) -> None:
+        """`kind` is short of `n` units: ask the tree for room."""
         if self.cache is not None:
-            self._free(self.cache.evict(**amounts))
+            self._free(self.cache.evict({kind: n}))
 
     def evict_full(self, num_tokens: int) -> None:
         """FULL pages are short: evict leaves (freeing every kind they hold)."""
-        self._evict(full_tokens=num_tokens)
+        self._evict(FULL, num_tokens)
 
     def flush(self, idle: bool) -> None:
         """Drop every unlocked cached prefix in every kind (everything when idle)."""
@@ -116,8 +120,7 @@ class ComponentMemory:
             self._free(self.cache.reset())
             return
         everything = 1 << 62
-        self._free(self.cache.evict(everything, everything))
-        self._free(self.cache.evict(checkpoints=everything))
+        self._free(self.cache.evict(dict.fromkeys([FULL, *self.kinds], everything)))
 
     # -- admission ----------------------------------------------------------------------------
     def match(self, req: Request, query: Any, record: bool = True) -> HybridMatch:
@@ -207,17 +210,12 @@ class ComponentMemory:
     def _tree_insert(
         self, req: Request, end: int, full: SlotArray, parts: Mapping[str, Any], owned_from: int
     ) -> HybridInsert:
-        """The tree's insert of req.tokens[:end], which takes each kind it knows as an argument
-        of its own (the one place kinds are named)."""
+        """The tree's insert of req.tokens[:end]: FULL slots and each kind's part (a kind the
+        tree never sees has none)."""
         assert self.cache is not None
+        given = {kind: part for kind, part in parts.items() if part is not None}
         return self.cache.insert(
-            req.tokens[:end],
-            full,
-            parts.get(SWA),
-            parts.get(STATE) or [],
-            req.namespace,
-            req.options.priority,
-            owned_from,
+            req.tokens[:end], full, given, req.namespace, req.options.priority, owned_from
         )
 
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
@@ -268,9 +266,8 @@ class ComponentMemory:
             pages, got = (part.pages, units[kind]) if part is not None else ([], [])
             tree_parts[kind] = tk.loaded_part(pages, got, boundary)
         out = self._tree_insert(req, boundary, full, tree_parts, length)
-        refused = Freed(swa=out.swa_free, checkpoints=out.checkpoints_rejected)
-        for k in self._all:
-            k.take_freed(refused)
+        for kind, k in self.kinds.items():
+            k.take_freed(out.refused.get(kind))
         return out.cached, out.handle
 
     def resume_loaded(

@@ -9,8 +9,10 @@ own (engine/kv/kv_manager.py) and is no entry here. A kind keeps what it holds f
 `req.kv_kinds[kind]`, created when it first takes something and dropped at `release`.
 
 Calls that concern the tree (`on_match`, `tree_part`, `after_insert`, `take_freed`) read and
-write the tree's per-component fields: a kind the tree does not know (an encoder cache, a
-per-request scratch) returns None from `tree_part` and ignores the rest.
+write this kind's own entry of the tree's per-kind mappings (`HybridMatch.kinds`, the insert's
+`parts` and `HybridInsert.refused`, `Freed.kinds`), keyed by the kind's name: a kind the tree
+does not know (an encoder cache, a per-request scratch) returns None from `tree_part` and gets
+nothing from the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch, HybridPrefixCache
+from radixkv.cache.hybrid.components import HybridInsert, HybridMatch, HybridPrefixCache
 from radixkv.engine.request import Request
 from radixkv.memory.hybrid import PoolSpec
 
@@ -45,9 +47,9 @@ class KindSetup:
     device: str
     interval: int  # STATE checkpoint interval, in tokens (a whole number of pages)
     cache: HybridPrefixCache | None  # the tree (None: the prefix cache is off)
-    # Ask the tree for room, e.g. evict(swa_slots=n) or evict(checkpoints=n): what it lets go
-    # of, of every kind, goes back to each one's allocator (`take_freed`).
-    evict: Callable[..., None]
+    # Ask the tree for room, evict(kind, n) (n units of `kind`): what it lets go of, of every
+    # kind, goes back to each one's allocator (`take_freed`).
+    evict: Callable[[str, int], None]
 
 
 class KindMemory(Protocol):
@@ -58,7 +60,7 @@ class KindMemory(Protocol):
 
     # -- admission
     def on_match(self, req: Request, m: HybridMatch) -> None:
-        """Remember what the tree's match gives this kind, for `bind`."""
+        """Remember what the tree's match gives this kind (`m.kinds[kind]`), for `bind`."""
 
     def forget_match(self, req: Request) -> None: ...
 
@@ -88,13 +90,15 @@ class KindMemory(Protocol):
         """What this kind hands the tree with req.tokens[:aligned] (None: nothing)."""
 
     def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
-        """Free what the tree refused of `part`; give up what it adopted."""
+        """Free what the tree refused of `part` (`out.refused[kind]`); give up what it
+        adopted."""
 
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
         """req's lock moved onto `handle`: read the tree's data for that prefix."""
 
-    def take_freed(self, freed: Freed) -> None:
-        """Return what an eviction took from the tree, of this kind, to the allocator."""
+    def take_freed(self, value: Any) -> None:
+        """Return what the tree let go of, of this kind (its entry of `Freed.kinds` or of
+        `HybridInsert.refused`; None: nothing), to the allocator."""
 
     # -- forks (n > 1: copy-on-write copies of the parent's own data)
     def reserve_fork(self, parent: Request) -> Any:
@@ -116,8 +120,8 @@ class KindMemory(Protocol):
 
 @runtime_checkable
 class TierKind(Protocol):
-    """The calls a tier load makes of a kind the host/storage tiers keep (a kind with a store,
-    engine/tiers/tier_setup.py STORES; engine/kv/tier_load.py makes them). A kind the tiers do
+    """The calls a tier load makes of a kind the host/storage tiers keep (a kind with a store in
+    its registry line, engine/kv/kinds.py; engine/kv/tier_load.py makes them). A kind the tiers do
     not keep (one the tree never sees) needs none of them."""
 
     def tier_part(self, part: Any, out: HybridInsert) -> Any:

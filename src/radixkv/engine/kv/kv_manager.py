@@ -14,7 +14,7 @@ at arrival for their storage pages wait in `held` (`hold_for_storage`, `poll_tie
 Every call that moves data in or out of the tree goes through `comp`, the tree-side memory, one
 set of calls whatever the model: `PlainMemory` (engine/kv/plain_memory.py) for a FULL-only model,
 whose per-request hooks do nothing, or `ComponentMemory` (engine/kv/components_kv.py) for a
-hybrid one, which also owns the SWA / STATE pools' bookkeeping and the hybrid tree
+hybrid one, which also owns every other kind's bookkeeping (one memory per kind) and the hybrid tree
 (`radixkv.cache.HybridCache`). This class never asks which it has. `cache` is the tree, seen
 through the contract every design shares (`PrefixIndex`: match, locks, sizes, checks); None when
 the cache is off.

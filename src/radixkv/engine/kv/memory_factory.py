@@ -19,6 +19,7 @@ import torch
 from radixkv.config import EngineConfig
 from radixkv.engine import setup
 from radixkv.engine.events import kv_events
+from radixkv.engine.kv import kinds
 from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.tiers import tier_setup
@@ -92,8 +93,9 @@ def build_memory(
         pool,
         lm,
         cfg.scheduler.chunked_prefill_size,
-        pools,  # the tiers keep every kind with a store (engine/tiers/tier_setup.py STORES)
+        pools,
         spec,
+        kinds.tier_stores(),  # the tiers keep every kind whose registry line has a store
     )
     tree = plain if comp is None else comp.cache
     events = kv_events.sink_for_engine(cfg.cache, tree, tiers, spec)

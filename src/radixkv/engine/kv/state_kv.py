@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
 from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import STATE, StatePool
+from radixkv.memory.hybrid import STATE, PoolSpec, StatePool
 
 
 @dataclass(eq=False)
@@ -39,6 +39,11 @@ class StateHold:
 def hold(req: Request) -> StateHold:
     """req's STATE holding (made on first use)."""
     return holding(req, STATE, StateHold)
+
+
+def state_component(spec: PoolSpec) -> str | None:
+    """The tree's STATE component (checkpoints) for a model of `spec`, if it has STATE layers."""
+    return STATE if spec.has_state else None
 
 
 def _owned(req: Request) -> list[int]:
@@ -62,21 +67,22 @@ class StateMemory:
         """One state slot, evicting a checkpoint of the tree when short; None if impossible."""
         got = self.alloc_.alloc_pages(1)
         if got is None and self.cache is not None:
-            self._evict(checkpoints=1)
+            self._evict(STATE, 1)
             got = self.alloc_.alloc_pages(1)
         return None if got is None else got[0]
 
     def free_slots(self, slots: list[int]) -> None:
         self.alloc_.free_page_ids(slots)
 
-    def take_freed(self, freed: Freed) -> None:
-        if freed.checkpoints:
-            self.alloc_.free_page_ids(list(freed.checkpoints))
+    def take_freed(self, ckpts: tuple[int, ...] | None) -> None:
+        """Checkpoints the tree let go of, or refused."""
+        if ckpts:
+            self.alloc_.free_page_ids(list(ckpts))
 
     # -- admission -----------------------------------------------------------------------------
     def on_match(self, req: Request, m: HybridMatch) -> None:
         h = hold(req)
-        h.resume_ckpt = m.checkpoint
+        h.resume_ckpt = m.kinds.get(STATE, -1)
         h.ckpt_target = m.shared_length if m.shared_length > m.length else 0
 
     def forget_match(self, req: Request) -> None:
@@ -175,8 +181,7 @@ class StateMemory:
         return []
 
     def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
-        if out.checkpoints_rejected:
-            self.alloc_.free_page_ids(list(out.checkpoints_rejected))
+        self.take_freed(out.refused.get(STATE))
 
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
         return None
@@ -184,7 +189,8 @@ class StateMemory:
     # -- tier loads (TierKind) -----------------------------------------------------------------
     def tier_part(self, part: Any, out: HybridInsert) -> list[tuple[int, int]]:
         """The checkpoints the tree accepted."""
-        return [c for c in part if c[1] not in out.checkpoints_rejected]
+        refused = out.refused.get(STATE, ())
+        return [c for c in part if c[1] not in refused]
 
     def load_alloc(self, n: int) -> list[int] | None:
         got: list[int] = []
@@ -227,7 +233,7 @@ class StateMemory:
         return {
             "size": self.alloc_.num_pages,
             "free": self.alloc_.free_pages,
-            "cached": self.cache.checkpoint_count if self.cache is not None else 0,
+            "cached": self.cache.held(STATE) if self.cache is not None else 0,
             "held": sum(len(_owned(r)) for r in running),
         }
 
@@ -235,6 +241,6 @@ class StateMemory:
         self.alloc_.check()
         owned = [s for r in running for s in _owned(r)]
         if self.cache is not None:
-            owned += self.cache.cached_checkpoints()
+            owned += self.cache.held_values(STATE)
         if len(set(owned)) != len(owned) or not all(self.alloc_.is_allocated(s) for s in owned):
             raise RuntimeError("a STATE slot is free, or owned twice")

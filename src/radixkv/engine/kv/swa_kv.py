@@ -1,7 +1,7 @@
 """SWA (sliding-window attention) memory of running requests: one kind of `KindMemory`
 (engine/kv/kind_memory.py).
 
-Census after every call: free + tree (`cache.swa_size`) + sum(len(h.pages)) * page_size
+Census after every call: free + tree (`cache.held(SWA)`) + sum(len(h.pages)) * page_size
 == the SWA pool. A running request owns the pages covering [lo, capacity); it gets them chunk by
 chunk (`ensure`) and frees those that fell out of its window (`after_step`), so a long request
 holds about W tokens plus a page or two. Its row of the SWA table (the runner's
@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.hybrid.components import Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
 from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import SWA
+from radixkv.memory.hybrid import SWA, PoolSpec
 from radixkv.memory.pool import KVPool
 from radixkv.memory.req_table import ReqToTokenTable
 
@@ -38,6 +38,11 @@ class SwaHold:
 def hold(req: Request) -> SwaHold:
     """req's SWA holding (made on first use)."""
     return holding(req, SWA, SwaHold)
+
+
+def swa_component(spec: PoolSpec) -> str | None:
+    """The tree's SWA component for a model of `spec` (its window), if it has SWA layers."""
+    return f"{SWA}:{spec.swa_window}" if spec.has_swa else None
 
 
 def _pages(req: Request) -> list[int]:
@@ -63,7 +68,7 @@ class SwaMemory:
         """`num_pages` SWA pages, evicting the tree's when short; None if impossible."""
         pages = self.alloc_.alloc_pages(num_pages)
         if pages is None and self.cache is not None:
-            self._evict(swa_slots=(num_pages - self.alloc_.free_pages) * self.page_size)
+            self._evict(SWA, (num_pages - self.alloc_.free_pages) * self.page_size)
             pages = self.alloc_.alloc_pages(num_pages)
         return pages
 
@@ -73,13 +78,14 @@ class SwaMemory:
     def page_slots(self, pages: list[int]) -> np.ndarray:
         return self.alloc_.page_slots(pages)
 
-    def take_freed(self, freed: Freed) -> None:
-        if len(freed.swa):
-            self.alloc_.free_slots_of_pages(freed.swa)
+    def take_freed(self, slots: SlotArray | None) -> None:
+        """SWA slots the tree let go of, or refused (whole pages)."""
+        if slots is not None and len(slots):
+            self.alloc_.free_slots_of_pages(slots)
 
     # -- admission -----------------------------------------------------------------------------
     def on_match(self, req: Request, m: HybridMatch) -> None:
-        self._prefix[id(req)] = m.swa_slots
+        self._prefix[id(req)] = m.kinds.get(SWA)
 
     def forget_match(self, req: Request) -> None:
         self._prefix.pop(id(req), None)
@@ -150,8 +156,7 @@ class SwaMemory:
         return self.table.get_numpy(req.row, 0, aligned)
 
     def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
-        if len(out.swa_free):
-            self.alloc_.free_slots_of_pages(out.swa_free)
+        self.take_freed(out.refused.get(SWA))
         h = hold(req)
         if aligned > h.lo:
             n = (aligned - h.lo) // self.page_size
@@ -159,7 +164,7 @@ class SwaMemory:
 
     def rewrite_prefix(self, req: Request, handle: Any) -> None:
         """The row reads the tree's slots of the locked prefix (-1 outside the window)."""
-        swa = None if self.cache is None else self.cache.swa_slots_of(handle)
+        swa = None if self.cache is None else self.cache.part_of(SWA, handle)
         if swa is not None:
             self.table.write(req.row, 0, swa)
 
@@ -216,7 +221,7 @@ class SwaMemory:
         return {
             "size": self.alloc_.num_slots,
             "free": self.alloc_.free_slots,
-            "cached": self.cache.swa_size if self.cache is not None else 0,
+            "cached": self.cache.held(SWA) if self.cache is not None else 0,
             "held": held,
         }
 

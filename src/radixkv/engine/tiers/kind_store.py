@@ -1,6 +1,7 @@
 """One kind of KV besides FULL in the host (L2) and storage (L3) tiers: the contract of its store
 (`KindStore`), what every store is built from (`StoreSetup`), and its share of a load plan
-(`KindPart`). The registry of stores is `STORES` in engine/tiers/tier_setup.py.
+(`KindPart`). Each kind names its store class in its line of the KV registry (engine/kv/kinds.py),
+which the engine hands to `tier_setup.make_tiers`.
 
 The tier manager (engine/tiers/manager.py) keeps FULL pages itself: their chained page hashes key
 every value of every kind (a value of kind k is stored under "<hash hex>-<k>", with a header and

@@ -1,6 +1,8 @@
 """Building the hierarchical cache from the cache section (checked by radixkv.config): L2 size,
-the model fingerprint, one store per kind of KV besides FULL (`STORES`, the registry: kind -> its
-`KindStore`, engine/tiers/kind_store.py); `NoTiers` stands in when the config asks for none."""
+the model fingerprint, one store per kind of KV besides FULL (kind -> its `KindStore` class,
+engine/tiers/kind_store.py, as the caller passes them: the KV registry's lines,
+engine/kv/kinds.py, which the tiers never import); `NoTiers` stands in when the config asks for
+none."""
 
 from __future__ import annotations
 
@@ -16,19 +18,13 @@ from radixkv.engine.request import Request
 from radixkv.engine.tiers.kind_store import KindStore, StoreSetup
 from radixkv.engine.tiers.manager import LoadPlan, TierManager
 from radixkv.engine.tiers.prefetch import PrefetchPolicy
-from radixkv.engine.tiers.state_store import StateStore
-from radixkv.engine.tiers.swa_store import SwaStore
 from radixkv.engine.tiers.tier_residency import TierOp
 from radixkv.memory.host_pool import HostKVPool
-from radixkv.memory.hybrid import FULL, STATE, SWA, ModelPools, PoolSpec
+from radixkv.memory.hybrid import FULL, ModelPools, PoolSpec
 from radixkv.memory.pool import KVPool
 
-# The kinds of KV the tiers keep besides FULL: kind -> its store, built from the kind's device
-# pool. A kind not named here (one the tree never sees) is not kept in the tiers.
-STORES: dict[str, Callable[[Any, StoreSetup], KindStore]] = {
-    SWA: SwaStore,
-    STATE: StateStore,
-}
+# kind -> its store's class, built from the kind's device pool and a StoreSetup.
+StoreClasses = Mapping[str, Callable[[Any, StoreSetup], KindStore]]
 
 _SAMPLE = 4096  # values per tensor that enter the weights digest
 
@@ -67,12 +63,14 @@ def make_tiers(
     chunk_tokens: int = 2048,
     pools: ModelPools | None = None,
     spec: PoolSpec | None = None,
+    store_classes: StoreClasses | None = None,
 ) -> TierManager | NoTiers:
     """The TierManager the config asks for, or NoTiers. Without enable_hierarchical_cache but with
     a storage backend, L2 is a staging area a quarter of the device pool (L3 without L2).
     `chunk_tokens`: the scheduler's prefill budget per step (the cost model's recompute time).
     A model with other kinds of KV (`pools`, by kind; `spec`, what they are) gets a store for
-    each kind in `STORES`, whose host pool holds the same share of its device pool as FULL's."""
+    each of its kinds in `store_classes` (kind -> store class; a kind not there is not kept in
+    the tiers), whose host pool holds the same share of its device pool as FULL's."""
     if not cfg.tiers_enabled:
         return NoTiers()
     ps = cfg.page_size
@@ -97,14 +95,15 @@ def make_tiers(
             raise ValueError("host/storage cache tiers need a model with full-attention layers")
         interval = -(-cfg.state_checkpoint_interval // ps) * ps
         share = pages / max(1, pool.num_slots // ps)
-        stores = make_stores(pools, StoreSetup(spec, ps, share, interval, fingerprint))
+        setup = StoreSetup(spec, ps, share, interval, fingerprint)
+        stores = make_stores(pools, setup, store_classes or {})
     return TierManager(pool, ps, pages, policy, fingerprint, storage, timeout_s, prefetch, stores)
 
 
-def make_stores(pools: ModelPools, setup: StoreSetup) -> list[KindStore]:
-    """One store per kind of `pools` the registry names (FULL is the manager's own), in the
-    registry's order."""
-    return [make(pools[kind], setup) for kind, make in STORES.items() if kind in pools]
+def make_stores(pools: ModelPools, setup: StoreSetup, classes: StoreClasses) -> list[KindStore]:
+    """One store per kind of `pools` that `classes` names (FULL is the manager's own), in the
+    order of `classes`."""
+    return [make(pools[kind], setup) for kind, make in classes.items() if kind in pools]
 
 
 class NoTiers:
