@@ -157,12 +157,13 @@ def kw_text(kw: dict[str, Any]) -> str:
 
 
 def sizes_table(spec: Any) -> str:
-    """Default pool sizes (engine.setup.hybrid_sizes) at the default 512 MiB budget against the
+    """Default pool sizes (engine.kv.kinds.pool_sizes) at the default 512 MiB budget against the
     even split (as many SWA as FULL slots, the rule before the demand-sized SWA pool)."""
     import torch
 
     from radixkv.config import EngineConfig
-    from radixkv.engine.setup import hybrid_sizes
+    from radixkv.engine.kv.kinds import pool_sizes
+    from radixkv.memory.hybrid import FULL, SWA
 
     head = (
         f"{'dtype':<9} {'config':<28} {'FULL':>8} {'SWA':>7} {'SWA_MiB':>7} {'even':>7} {'gain':>6}"
@@ -172,7 +173,8 @@ def sizes_table(spec: Any) -> str:
         full_b, swa_b = spec.kv_bytes_per_token(dtype)
         for kw in SIZE_CONFIGS:
             cfg = EngineConfig(**kw)
-            full, swa, _ = hybrid_sizes(cfg, spec, dtype)
+            sizes = pool_sizes(cfg, spec, dtype)
+            full, swa = sizes[FULL], sizes.get(SWA, 0)
             even = cfg.cache.kv_cache_bytes // (full_b + swa_b)
             even -= even % cfg.cache.page_size
             lines.append(

@@ -18,7 +18,15 @@ import torch
 from engine_toy import EOS, VOCAB, ToyTokenizer, _sinusoid
 
 from radixkv.engine.batch import ForwardBatch
-from radixkv.memory.hybrid import ModelPools, PoolSpec, StateLayerSpec, StateTensorSpec
+from radixkv.memory.hybrid import (
+    FULL,
+    STATE,
+    SWA,
+    ModelPools,
+    PoolSpec,
+    StateLayerSpec,
+    StateTensorSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ def reference_greedy_hybrid(lm: ToyHybridLM, prompt: list[int], max_tokens: int)
     spec = lm.config.pool_spec()
     for _ in range(max_tokens):
         n = len(tokens)
-        pools = spec.make_pools(n, n, 1)
+        pools = spec.make_pools({FULL: n, SWA: n, STATE: 1})
         slots = torch.arange(n, dtype=torch.int64)
         batch = ForwardBatch.from_contexts(
             tokens,

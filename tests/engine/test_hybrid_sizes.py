@@ -1,4 +1,4 @@
-"""Default pool sizes of hybrid models (`engine.setup.hybrid_sizes`): the SWA pool follows the
+"""Default pool sizes of hybrid models (`engine.kv.kinds.pool_sizes`): the SWA pool follows the
 window and the running / cached demand, never exceeds the FULL pool, and a byte budget gives FULL
 what SWA does not take; explicit sizes win."""
 
@@ -8,11 +8,18 @@ import pytest
 import torch
 
 from radixkv.config import EngineConfig
-from radixkv.engine.setup import hybrid_sizes, swa_demand
-from radixkv.memory.hybrid import PoolSpec, StateLayerSpec, StateTensorSpec
+from radixkv.engine.kv.kinds import pool_sizes
+from radixkv.engine.kv.swa_kv import swa_demand
+from radixkv.memory.hybrid import FULL, STATE, SWA, PoolSpec, StateLayerSpec, StateTensorSpec
 
 # Gemma 3 270M's shape: 3 global layers, 15 sliding ones (window 512), 1 KV head of 256.
 GEMMA = PoolSpec(3, 15, 512, 1, 256)
+
+
+def hybrid_sizes(cfg: EngineConfig, spec: PoolSpec, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(FULL, SWA, STATE) slots, 0 for a kind the model lacks."""
+    sizes = pool_sizes(cfg, spec, dtype)
+    return sizes[FULL], sizes.get(SWA, 0), sizes.get(STATE, 0)
 
 
 def naive_demand(window: int, ps: int, running: int, chunk: int) -> int:
@@ -68,7 +75,7 @@ def test_models_without_full_or_swa_keep_their_old_sizes() -> None:
     assert hybrid_sizes(cfg, all_sliding, torch.float32)[1] == 1024  # all the KV there is
     state = StateLayerSpec((StateTensorSpec("h", (8,)),))
     full_state = PoolSpec(2, 0, None, 2, 16, (state,))
-    assert hybrid_sizes(EngineConfig(num_slots=1024), full_state, torch.float32)[:2] == (
-        1024,
-        1024,
-    )
+    assert pool_sizes(EngineConfig(num_slots=1024), full_state, torch.float32) == {
+        FULL: 1024,
+        STATE: 96,
+    }

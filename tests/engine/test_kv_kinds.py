@@ -150,7 +150,7 @@ def _memory(
     monkeypatch.setitem(KINDS, SCRATCH, Kind(ScratchMemory))  # the one registry line
     state = StateLayerSpec((StateTensorSpec("h", (2,)),))
     spec = PoolSpec(1, 0, None, 1, 2, (state,))
-    pools = spec.make_pools(64, 0, 8)
+    pools = spec.make_pools({FULL: 64, STATE: 8})
     pools = ModelPools({**{k: pools[k] for k in pools.kinds}, SCRATCH: torch.zeros(scratch_slots)})
     allocator = PageAllocator(64, PS)
     table = ReqToTokenTable(4, 64)

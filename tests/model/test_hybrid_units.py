@@ -11,6 +11,8 @@ import torch
 
 from radixkv.memory.hybrid import (
     FULL,
+    STATE,
+    SWA,
     ModelPools,
     PoolSpec,
     StateLayerSpec,
@@ -111,7 +113,7 @@ def test_state_pool_copy_clear() -> None:
 def test_hybrid_batch_errors(tiny_model_dir: Callable[..., Path]) -> None:
     lm = load_model(tiny_model_dir("qwen3_5"))
     spec = lm.config.pool_spec()
-    pools = spec.make_pools(16, 16, 2)
+    pools = spec.make_pools({FULL: 16, STATE: 2})
     slots = [torch.arange(3), torch.arange(3, 6)]
     batch = ForwardBatch.from_contexts([5, 6, 7, 8, 9, 10], slots, [3, 3], state_slots=[0, 1])
     assert lm.model(batch, pools).shape == (2, lm.config.vocab_size)
@@ -124,7 +126,7 @@ def test_hybrid_batch_errors(tiny_model_dir: Callable[..., Path]) -> None:
     with pytest.raises(ValueError, match="a STATE pool is required"):
         lm.model(batch, ModelPools({FULL: pools[FULL]}))
     gemma = load_model(tiny_model_dir("gemma3"))
-    gpools = gemma.config.pool_spec().make_pools(16, 16, 0)
+    gpools = gemma.config.pool_spec().make_pools({FULL: 16, SWA: 16})
     with pytest.raises(ValueError, match="swa_slot_table"):
         gemma.model(ForwardBatch.from_contexts([5, 6, 7], [torch.arange(3)], [3]), gpools)
     with pytest.raises(ValueError, match="same positions"):

@@ -150,6 +150,7 @@ def _model_forward_s(lm: Any, engine: Any, prefix: int, suffix: int, repeats: in
 
     from radixkv.engine.batch import ForwardBatch
     from radixkv.engine.setup import hybrid_spec
+    from radixkv.memory.hybrid import FULL, STATE, SWA
     from radixkv.memory.pool import KVPool
 
     n = prefix + suffix
@@ -161,7 +162,7 @@ def _model_forward_s(lm: Any, engine: Any, prefix: int, suffix: int, repeats: in
         pool: Any = KVPool(lm.config.pool_config(n, dtype, dev))
         batch = ForwardBatch.from_contexts(ids, [slots], [suffix])
     else:
-        pool = spec.make_pools(n, n, 1, dtype, dev)
+        pool = spec.make_pools({FULL: n, SWA: n, STATE: 1}, dtype, dev)
         batch = ForwardBatch.from_contexts(
             ids,
             [slots],

@@ -1,5 +1,6 @@
 """Engine construction helpers (the configuration itself is checked by radixkv.config): device
-and dtype resolution, model loading, pool sizing, cache construction, normalising generate()
+and dtype resolution, model loading, a FULL-only model's pool size (a hybrid model's pools are
+sized by kind: radixkv.engine.kv.kinds.pool_sizes), cache construction, normalising generate()
 arguments."""
 
 from __future__ import annotations
@@ -144,63 +145,6 @@ def hybrid_spec(model_config: Any, cfg: EngineConfig | None = None) -> Any:
         # every layer's K/V in one FULL pool with the window applied by attention.
         return None
     return spec
-
-
-def swa_demand(window: int, page_size: int, max_running: int, chunk: int) -> int:
-    """The SWA pool a hybrid model needs by default, in tokens (whole pages): every running
-    request's window plus two partial pages, one step's prefill chunk on top, and the windows
-    of K = max(4, max_running // 4) cached prefixes (a window and a page each), so that at least
-    K cached conversations stay resumable past the window under load. SWA K/V further back is
-    never read again, so a pool sized for the windows, not for every token, loses nothing."""
-    ps = page_size
-    win = -(-window // ps) * ps
-    cached = max(4, max_running // 4)
-    return max_running * (win + 2 * ps) + -(-chunk // ps) * ps + cached * (win + ps)
-
-
-def hybrid_sizes(cfg: EngineConfig, spec: Any, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(FULL slots, SWA slots, STATE slots) of a hybrid model's pools, whole pages.
-
-    SWA, unless --swa-slots is given: `swa_demand` (the windows of the running requests and of
-    K cached prefixes), at most the FULL pool. With a byte budget (no --num-slots) the budget
-    left after that SWA pool goes to FULL; when the demand would take more than an even split
-    (SWA as large as FULL), both pools get the even split. A model without FULL layers keeps
-    its whole budget for SWA."""
-    cc = cfg.cache
-    sc = cfg.scheduler
-    ps = cc.page_size
-    full = cc.num_slots
-    full_b, swa_b = spec.kv_bytes_per_token(dtype)
-    swa = cc.swa_num_slots
-    sized = swa is None and spec.has_swa and spec.has_full  # the demand rule applies
-    demand = (
-        swa_demand(spec.swa_window, ps, sc.max_running_requests, sc.chunked_prefill_size)
-        if sized
-        else 0
-    )
-    if full is None:
-        full = max(1, cc.kv_cache_bytes // (full_b + swa_b))  # the even split
-        if sized and demand < full:
-            full = (cc.kv_cache_bytes - demand * swa_b) // full_b
-    if swa is None:
-        swa = min(full, demand) if sized else full
-    if not spec.has_full and cc.num_slots is None:
-        full = 8 * swa  # virtual FULL slots (no tensor): how many tokens can be tracked
-    state = cc.state_num_slots
-    if state is None:
-        state = 2 * sc.max_running_requests + 32
-    full, swa = full // ps * ps, swa // ps * ps
-    if full < ps:
-        raise ValueError("the KV budget does not hold a single page")
-    if spec.has_swa:
-        least = -(-(spec.swa_window + sc.chunked_prefill_size) // ps) * ps + 2 * ps
-        if swa < least:
-            if cc.swa_num_slots is not None:
-                raise ValueError(f"the SWA pool needs at least {least} slots (window + one chunk)")
-            swa = least  # the default never goes below what one request needs
-    if spec.has_state and state < 2:
-        raise ValueError("the STATE pool needs at least 2 slots")
-    return full, swa, state
 
 
 def normalize_prompts(prompts: Any) -> list[str | list[int]]:

@@ -218,30 +218,45 @@ class PoolSpec:
             return None
         return StatePoolConfig(self.state_layers, num_slots, dtype, device)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds this model has layers of, in the order FULL, SWA, STATE."""
+        has = {FULL: self.has_full, SWA: self.has_swa, STATE: self.has_state}
+        return tuple(kind for kind, yes in has.items() if yes)
+
+    def slot_bytes(self, kind: str, dtype: torch.dtype) -> int:
+        """Bytes of one slot of `kind`'s pool: a token of every layer of that kind (FULL, SWA),
+        a sequence's whole state (STATE); 0 for a kind the model has no layers of."""
+        if kind == STATE:
+            return self.state_bytes_per_slot(dtype)
+        layers = {FULL: self.num_full_layers, SWA: self.num_swa_layers}[kind]
+        return 2 * self.num_kv_heads * self.head_dim * _elem(dtype) * layers
+
     def kv_bytes_per_token(self, dtype: torch.dtype) -> tuple[int, int]:
         """(FULL, SWA) bytes of one token slot."""
-        per_layer = 2 * self.num_kv_heads * self.head_dim * _elem(dtype)
-        return per_layer * self.num_full_layers, per_layer * self.num_swa_layers
+        return self.slot_bytes(FULL, dtype), self.slot_bytes(SWA, dtype)
 
     def state_bytes_per_slot(self, dtype: torch.dtype) -> int:
         return StatePoolConfig(self.state_layers, 0, dtype).bytes_per_slot
 
     def make_pools(
         self,
-        full_slots: int,
-        swa_slots: int,
-        state_slots: int,
+        sizes: Mapping[str, int],
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
     ) -> ModelPools:
-        """Allocate every component this model has (slot counts of absent ones are ignored)."""
-        full = self.full_pool_config(full_slots, dtype, device)
-        swa = self.swa_pool_config(swa_slots, dtype, device)
-        state = self.state_pool_config(state_slots, dtype, device)
-        return ModelPools(
-            {
-                FULL: None if full is None else KVPool(full),
-                SWA: None if swa is None else KVPool(swa),
-                STATE: None if state is None else StatePool(state),
-            }
-        )
+        """Allocate the pool of every kind this model has, `sizes[kind]` slots each (sizes of
+        kinds it lacks are ignored; radixkv.engine.kv.kinds.pool_sizes gives the engine's)."""
+        missing = [k for k in self.kinds if k not in sizes]
+        if missing:
+            raise ValueError(f"no pool size for kind(s) {missing}")
+        pools: dict[str, Any] = {}
+        for kind in self.kinds:
+            if kind == STATE:
+                pools[kind] = StatePool(
+                    StatePoolConfig(self.state_layers, sizes[kind], dtype, device)
+                )
+            else:
+                layers = self.num_full_layers if kind == FULL else self.num_swa_layers
+                pools[kind] = KVPool(self._kv(layers, sizes[kind], dtype, device))
+        return ModelPools(pools)

@@ -28,7 +28,7 @@ architectures raise `UnsupportedArchitectureError` naming them.
 Hybrid models (and any model, given ModelPools)::
 
     spec = lm.config.pool_spec()        # FULL / SWA layer counts, window, state tensors per layer
-    pools = spec.make_pools(full_slots, swa_slots, state_slots, lm.dtype, "cpu")
+    pools = spec.make_pools({"full": n, "swa": n_swa, "state": n_states}, lm.dtype, "cpu")
     logits = lm.model(batch, pools)     # batch also carries swa_slot_table / state_slots
 
 See radixkv.model.batch.ForwardBatch for what each component reads and writes, and

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixkv.memory.hybrid import ModelPools, PoolSpec
+from radixkv.memory.hybrid import FULL, STATE, SWA, ModelPools, PoolSpec
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.loader import LoadedModel
 
@@ -75,7 +75,7 @@ class Session:
         self.lm = lm
         self.spec: PoolSpec = lm.config.pool_spec()
         self.pools: ModelPools = self.spec.make_pools(
-            num_slots, num_slots, num_states, lm.dtype, str(lm.device)
+            {FULL: num_slots, SWA: num_slots, STATE: num_states}, lm.dtype, str(lm.device)
         )
         self.full = FreeList(num_slots, seed)
         self.swa = FreeList(num_slots, None if seed is None else seed + 1)

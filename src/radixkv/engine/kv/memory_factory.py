@@ -3,10 +3,10 @@ pool(s), the page allocator, the request → token table(s), the prefix cache, t
 tiers and the KV manager that moves slots between them.
 
 A FULL-only model gets one KV pool and a plain prefix cache (`setup.make_prefix_cache`). A hybrid
-model (SWA / STATE components, `setup.hybrid_spec`) gets its pools sized by `setup.hybrid_sizes`,
-the hybrid tree and `ComponentMemory`; a model without FULL layers still gets a FULL pool, of zero
-layers (token bookkeeping slots, no tensor). Everything is wired through constructor arguments:
-nothing built here is patched afterwards.
+model (SWA / STATE components, `setup.hybrid_spec`) gets one pool per kind it has, each sized by
+its kind's sizing (`kinds.pool_sizes`), the hybrid tree and `ComponentMemory`; a model without
+FULL layers still gets a FULL pool, of zero layers (token bookkeeping slots, no tensor).
+Everything is wired through constructor arguments: nothing built here is patched afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from radixkv.engine import setup
 from radixkv.engine.events import kv_events
 from radixkv.engine.kv import kinds
 from radixkv.engine.kv.components_kv import ComponentMemory
+from radixkv.engine.kv.kinds import pool_sizes
 from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.tiers import tier_setup
 from radixkv.memory.allocator import PageAllocator
@@ -62,8 +63,9 @@ def build_memory(
         num_slots = setup.num_slots(cfg.cache, mc, dtype)
         pool = KVPool(mc.pool_config(num_slots, dtype, device))
     else:
-        num_slots, swa_slots, state_slots = setup.hybrid_sizes(cfg, spec, dtype)
-        pools = spec.make_pools(num_slots, swa_slots, state_slots, dtype, device)
+        sizes = pool_sizes(cfg, spec, dtype)
+        num_slots = sizes[FULL]
+        pools = spec.make_pools(sizes, dtype, device)
         pool = pools.kv(FULL) or KVPool(  # no FULL layer: zero-layer bookkeeping pool
             KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
         )

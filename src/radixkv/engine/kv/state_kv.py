@@ -19,10 +19,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
+from radixkv.config import EngineConfig
 from radixkv.engine.kv.kind_memory import KindSetup, holding
+from radixkv.engine.kv.kind_sizing import SizeContext
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import STATE, PoolSpec, StatePool
+
+
+class StateSizing:
+    """The STATE pool (engine/kv/kind_sizing.py): whole sequences' states, counted outside the
+    byte budget. Unless --state-slots is given, 2 per running request (working state and a
+    snapshot) + 32 for the tree's checkpoints; at least 2."""
+
+    budgeted = False
+
+    def slot_bytes(self, ctx: SizeContext) -> int:
+        return ctx.spec.slot_bytes(STATE, ctx.dtype)
+
+    def explicit(self, cfg: EngineConfig) -> int | None:
+        return cfg.cache.state_num_slots
+
+    def demand(self, ctx: SizeContext) -> int | None:
+        return 2 * ctx.max_running + 32
+
+    def settle(self, n: int, ctx: SizeContext, explicit: bool) -> int:
+        if n < 2:
+            raise ValueError("the STATE pool needs at least 2 slots")
+        return n
 
 
 @dataclass(eq=False)

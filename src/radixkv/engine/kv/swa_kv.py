@@ -18,7 +18,9 @@ import numpy as np
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
+from radixkv.config import EngineConfig
 from radixkv.engine.kv.kind_memory import KindSetup, holding
+from radixkv.engine.kv.kind_sizing import SizeContext
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import SWA, PoolSpec
@@ -33,6 +35,48 @@ class SwaHold:
 
     pages: list[int] = field(default_factory=list)
     lo: int = 0
+
+
+def swa_demand(window: int, page_size: int, max_running: int, chunk: int) -> int:
+    """The SWA pool a hybrid model needs by default, in tokens (whole pages): every running
+    request's window plus two partial pages, one step's prefill chunk on top, and the windows
+    of K = max(4, max_running // 4) cached prefixes (a window and a page each), so that at least
+    K cached conversations stay resumable past the window under load. SWA K/V further back is
+    never read again, so a pool sized for the windows, not for every token, loses nothing."""
+    ps = page_size
+    win = -(-window // ps) * ps
+    cached = max(4, max_running // 4)
+    return max_running * (win + 2 * ps) + -(-chunk // ps) * ps + cached * (win + ps)
+
+
+class SwaSizing:
+    """The SWA pool (engine/kv/kind_sizing.py): tokens of the sliding layers, in the byte
+    budget. Unless --swa-slots is given, `swa_demand` (at most the FULL pool; a model without
+    FULL layers keeps its whole budget for SWA), never below one request's window and chunk."""
+
+    budgeted = True
+
+    def slot_bytes(self, ctx: SizeContext) -> int:
+        return ctx.spec.slot_bytes(SWA, ctx.dtype)
+
+    def explicit(self, cfg: EngineConfig) -> int | None:
+        return cfg.cache.swa_num_slots
+
+    def demand(self, ctx: SizeContext) -> int | None:
+        spec = ctx.spec
+        if not spec.has_full or spec.swa_window is None:
+            return None
+        return swa_demand(spec.swa_window, ctx.page_size, ctx.max_running, ctx.chunk)
+
+    def settle(self, n: int, ctx: SizeContext, explicit: bool) -> int:
+        ps = ctx.page_size
+        n = n // ps * ps
+        least = ctx.pages((ctx.spec.swa_window or 0) + ctx.chunk) + 2 * ps
+        if n < least:
+            if explicit:
+                raise ValueError(f"the SWA pool needs at least {least} slots (window + one chunk)")
+            n = least  # the default never goes below what one request needs
+        return n
 
 
 def hold(req: Request) -> SwaHold:
