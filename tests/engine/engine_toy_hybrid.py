@@ -3,10 +3,10 @@
 Every layer reads only what the engine hands it, so a wrong slot, a freed SWA slot inside a
 window, or a wrong / stale state changes the logits (or raises):
 - FULL layers attend over `context_slots` in the FULL pool;
-- SWA layers (window W) attend over the last W positions of `swa_context_slots` in the SWA pool
-  and raise if any slot they must read is -1 (freed);
+- SWA layers (window W) attend over the last W positions of `window_context_slots(SWA)` in the
+  SWA pool and raise if any slot they must read is -1 (freed);
 - STATE layers run h <- 0.8 h + tanh(x Wa) token by token from the state in slot
-  `state_slots[r]` (zeros when the request starts at 0) and write it back.
+  `states(STATE)[r]` (zeros when the request starts at 0) and write it back.
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ class ToyHybridModel:
         h, dh, win = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.window
         wq, wk, wv, wo = w
         pool = pools.kv(kind)
-        ctxs = b.context_slots if kind == "full" else b.swa_context_slots
-        out_slots = b.out_slots if kind == "full" else b.swa_out_slots
+        own = b.window(kind)
+        ctxs = b.context_slots if kind == "full" else b.window_context_slots(kind)
+        out_slots = b.out_slots if kind == "full" else None if own is None else own.out_slots
         if pool is None or ctxs is None or out_slots is None:
             raise ValueError(f"{kind} layer without its pool or slots")
         q = (x @ wq).view(-1, h, dh)
@@ -123,13 +124,14 @@ class ToyHybridModel:
         self, x: torch.Tensor, b: ForwardBatch, pools: ModelPools, j: int, w: list
     ) -> torch.Tensor:
         state = pools.state()
-        if state is None or b.state_slots is None:
+        state_slots = b.states(STATE)
+        if state is None or state_slots is None:
             raise ValueError("state layer without its pool or slots")
         wa, wo = w[0], w[1]
         store = state.tensors[j]["h"]
         rows, off = [], 0
         for r, n in enumerate(b.extend_lens):
-            slot = b.state_slots[r]
+            slot = state_slots[r]
             prefix = b.seq_lens[r] - n
             h = torch.zeros(self.cfg.d) if prefix == 0 else store[slot].clone()
             for i in range(off, off + n):
@@ -163,8 +165,10 @@ def reference_greedy_hybrid(lm: ToyHybridLM, prompt: list[int], max_tokens: int)
             tokens,
             [slots],
             [n],
-            swa_context_slots=[slots] if spec.has_swa else None,
-            state_slots=[0] if spec.has_state else None,
+            kind_slots={
+                **({SWA: [slots]} if spec.has_swa else {}),
+                **({STATE: [0]} if spec.has_state else {}),
+            },
         )
         with torch.inference_mode():
             tok = int(lm.model(batch, pools)[0].argmax())

@@ -98,8 +98,8 @@ class ScratchMemory:
     def after_step(self, req: Request, was_prefill: bool) -> None:
         self.pool[self._slot(req)] += 1
 
-    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
-        return {}
+    def batch_slots(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> None:
+        return None
 
     def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:
         return None

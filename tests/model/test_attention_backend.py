@@ -242,7 +242,9 @@ def _decode_batch(sess: Session, seqs: list) -> ForwardBatch:
         if win is not None:
             swa.append(win)
     ids = [s.tokens[len(s.full or s.swa) - 1] for s in seqs]
-    return ForwardBatch.from_contexts(ids, ctx, [1] * len(seqs), swa_context_slots=swa or None)
+    return ForwardBatch.from_contexts(
+        ids, ctx, [1] * len(seqs), kind_slots={SWA: swa} if swa else None
+    )
 
 
 def _clone_pools(pools: Any) -> Any:

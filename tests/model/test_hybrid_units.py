@@ -115,22 +115,26 @@ def test_hybrid_batch_errors(tiny_model_dir: Callable[..., Path]) -> None:
     spec = lm.config.pool_spec()
     pools = spec.make_pools({FULL: 16, STATE: 2})
     slots = [torch.arange(3), torch.arange(3, 6)]
-    batch = ForwardBatch.from_contexts([5, 6, 7, 8, 9, 10], slots, [3, 3], state_slots=[0, 1])
+    batch = ForwardBatch.from_contexts(
+        [5, 6, 7, 8, 9, 10], slots, [3, 3], kind_slots={STATE: [0, 1]}
+    )
     assert lm.model(batch, pools).shape == (2, lm.config.vocab_size)
     with pytest.raises(TypeError, match="ModelPools"):
         lm.model(batch, KVPool(lm.config.pool_config(16)))
     with pytest.raises(ValueError, match="state slot"):
         lm.model(ForwardBatch.from_contexts([5, 6, 7, 8, 9, 10], slots, [3, 3]), pools)
     with pytest.raises(ValueError, match="share"):
-        lm.model(ForwardBatch.from_contexts([5] * 6, slots, [3, 3], state_slots=[1, 1]), pools)
+        lm.model(
+            ForwardBatch.from_contexts([5] * 6, slots, [3, 3], kind_slots={STATE: [1, 1]}), pools
+        )
     with pytest.raises(ValueError, match="a STATE pool is required"):
         lm.model(batch, ModelPools({FULL: pools[FULL]}))
     gemma = load_model(tiny_model_dir("gemma3"))
     gpools = gemma.config.pool_spec().make_pools({FULL: 16, SWA: 16})
-    with pytest.raises(ValueError, match="swa_slot_table"):
+    with pytest.raises(ValueError, match="swa slot table"):
         gemma.model(ForwardBatch.from_contexts([5, 6, 7], [torch.arange(3)], [3]), gpools)
-    with pytest.raises(ValueError, match="same positions"):
-        ForwardBatch.from_contexts([5], [torch.arange(3)], [1], swa_context_slots=[torch.arange(2)])
+    with pytest.raises(ValueError, match="cover the context"):
+        ForwardBatch.from_contexts([5], [torch.arange(3)], [1], kind_slots={SWA: [torch.arange(2)]})
 
 
 def test_deltanet_chunked_equals_recurrent() -> None:

@@ -167,8 +167,10 @@ def _model_forward_s(lm: Any, engine: Any, prefix: int, suffix: int, repeats: in
             ids,
             [slots],
             [suffix],
-            swa_context_slots=[slots] if spec.has_swa else None,
-            state_slots=[0] if spec.has_state else None,
+            kind_slots={
+                **({SWA: [slots]} if spec.has_swa else {}),
+                **({STATE: [0]} if spec.has_state else {}),
+            },
         )
     times = []
     with torch.inference_mode():

@@ -187,7 +187,7 @@ class GraphRunner:
             return "capture failed" if self.failed else "not captured"
         if not batch.is_decode:
             return "prefill"
-        if batch.return_all_logits or batch.swa_slot_table is not None or batch.state_slots:
+        if batch.return_all_logits or batch.kind_slots:
             return "unsupported batch"
         if batch.num_requests > self.sizes[-1]:
             return "batch too large"

@@ -32,7 +32,8 @@ class ModelRunner:
         self.table = table
         self.device = torch.device(pool.config.device)
         # Hybrid models: the ModelPools handed to the model, and the memory of its kinds besides
-        # FULL (`ComponentMemory`), which fills their batch fields (SWA slot table, state slots).
+        # FULL (`ComponentMemory`), which gives their slots in the batch, keyed by kind
+        # (`ForwardBatch.kind_slots`: the SWA slot table, the state slots).
         self.pools = pools
         self.kinds = kinds
         # Decode graphs (radixkv.engine.graph_runner.attach), None when decode runs eagerly.
@@ -51,14 +52,14 @@ class ModelRunner:
             rows.append(req.row)
             ends.append(end)
         flat = torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.int64)
-        extra = {} if self.kinds is None else self.kinds.batch_fields(sched.reqs, rows, ends)
+        kinds = None if self.kinds is None else self.kinds.batch_slots(sched.reqs, rows, ends)
         return ForwardBatch.from_table(
             flat,
             self.table.gather(rows, ends),
             sched.extend_lens,
             ends,
             device=self.device,
-            **extra,
+            kind_slots=kinds,
         )
 
     def compile(self) -> None:

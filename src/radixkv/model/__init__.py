@@ -29,7 +29,7 @@ Hybrid models (and any model, given ModelPools)::
 
     spec = lm.config.pool_spec()        # FULL / SWA layer counts, window, state tensors per layer
     pools = spec.make_pools({"full": n, "swa": n_swa, "state": n_states}, lm.dtype, "cpu")
-    logits = lm.model(batch, pools)     # batch also carries swa_slot_table / state_slots
+    logits = lm.model(batch, pools)     # batch.kind_slots: the SWA table, state slots
 
 See radixkv.model.batch.ForwardBatch for what each component reads and writes, and
 radixkv.model.hybrid_simple.Session for a standalone driver.

@@ -4,10 +4,39 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+@dataclass(frozen=True)
+class WindowSlots:
+    """The slots of a paged kind with its own pool and slot numbering (sliding-window layers):
+    request r's context position i is slot `slot_table[r, i]` of that kind's pool (same shape as
+    the batch's FULL `slot_table`; positions out of every window of the step may hold -1), and
+    new token t's K/V goes to `out_slots[t]` (= its table entry)."""
+
+    slot_table: torch.Tensor  # [R, W] int64
+    out_slots: torch.Tensor  # [T] int64
+
+    def to(self, device: torch.device | str) -> WindowSlots:
+        return WindowSlots(self.slot_table.to(device), self.out_slots.to(device))
+
+
+@dataclass(frozen=True)
+class StateSlots:
+    """The slots of a state kind (recurrent / conv layers): request r continues its state in
+    slot `slots[r]`, which holds the state after exactly prefix_lens[r] tokens (ignored, zeros
+    used, when prefix_lens[r] == 0) and after seq_lens[r] tokens when the forward returns."""
+
+    slots: tuple[int, ...]  # [R]
+
+    def to(self, device: torch.device | str) -> StateSlots:
+        return self
+
+
+KindSlots = WindowSlots | StateSlots
 
 
 @dataclass(frozen=True)
@@ -31,13 +60,13 @@ class ForwardBatch:
 
     The model never knows whether a slot came from a cache hit.
 
-    Hybrid models (see radixkv.memory.hybrid) add two components; both fields are None otherwise:
-    - SWA layers (window W) write new K/V at `swa_out_slots` and read `swa_slot_table` (slots of
-      the SWA pool, same shape as `slot_table`). Positions p < prefix_lens[r] - W + 1 are never
-      read and may hold -1 (freed: out of every window of this step).
-    - STATE layers continue request r's state in StatePool slot `state_slots[r]`: it must hold the
-      state after exactly prefix_lens[r] tokens (ignored, zeros used, when prefix_lens[r] == 0) and
-      holds the state after seq_lens[r] tokens when the forward returns (updated in place).
+    Hybrid models (see radixkv.memory.hybrid) add the slots of their other kinds, keyed by kind
+    in `kind_slots` (empty for a FULL-only model):
+    - a windowed kind (SWA, window W) is a `WindowSlots` (`window(kind)`): its layers write new
+      K/V at its `out_slots` and read its `slot_table` (slots of that kind's pool). Positions
+      p < prefix_lens[r] - W + 1 are never read and may hold -1 (freed: out of every window).
+    - a state kind (STATE) is a `StateSlots` (`states(kind)`): request r's working state slot,
+      updated in place.
 
     `attention`, when set, is the attention metadata of this step per KV component ("full",
     "swa") prepared by the caller (a graph runner: `AttentionBackend.capture` / `replay`); the
@@ -57,9 +86,7 @@ class ForwardBatch:
     extend_lens: tuple[int, ...]  # [R] host mirror
     seq_lens: tuple[int, ...]  # [R] host mirror
     return_all_logits: bool = False  # tests: logits for every new token, not only the last
-    swa_slot_table: torch.Tensor | None = None  # [R, W] int64 slots of the SWA pool
-    swa_out_slots: torch.Tensor | None = None  # [T] int64, SWA-pool slot of each new token
-    state_slots: tuple[int, ...] | None = None  # [R] working-state slot of each request
+    kind_slots: Mapping[str, KindSlots] = field(default_factory=dict)  # kinds besides FULL
     attention: Mapping[str, Any] | None = None  # prepared metadata per KV component
 
     @classmethod
@@ -72,12 +99,13 @@ class ForwardBatch:
         *,
         device: torch.device | str | None = None,
         return_all_logits: bool = False,
-        swa_slot_table: torch.Tensor | None = None,
-        state_slots: Sequence[int] | None = None,
+        kind_slots: Mapping[str, torch.Tensor | Sequence[int]] | None = None,
     ) -> ForwardBatch:
         """The batch whose request r has context slots `slot_table[r, :seq_lens[r]]`, the last
         `extend_lens[r]` of them new: lengths, positions and out slots follow, as tensors built
-        with a few vectorized ops (no per-request work)."""
+        with a few vectorized ops (no per-request work). `kind_slots[kind]`: a windowed kind's
+        slot table ([R, W] tensor, its out slots follow as FULL's do) or a state kind's slot per
+        request (ints)."""
         if device is None:
             device = slot_table.device
         ext, seq = tuple(int(e) for e in extend_lens), tuple(int(s) for s in seq_lens)
@@ -98,9 +126,15 @@ class ForwardBatch:
         )
         table = slot_table.to(device).contiguous()
         req, positions = req.to(device), positions.to(device)
-        swa = None if swa_slot_table is None else swa_slot_table.to(device).contiguous()
-        if swa is not None and swa.shape[0] != table.shape[0]:
-            raise ValueError("swa_slot_table needs one row per request")
+        kinds: dict[str, KindSlots] = {}
+        for kind, given in (kind_slots or {}).items():
+            if isinstance(given, torch.Tensor):
+                own = given.to(device).contiguous()
+                if own.shape[0] != table.shape[0]:
+                    raise ValueError(f"the {kind} slot table needs one row per request")
+                kinds[kind] = WindowSlots(own, own[req, positions])
+            else:
+                kinds[kind] = StateSlots(tuple(int(s) for s in given))
         return cls(
             input_ids=torch.as_tensor(input_ids, dtype=torch.int64).to(device),
             positions=positions,
@@ -113,9 +147,7 @@ class ForwardBatch:
             extend_lens=ext,
             seq_lens=seq,
             return_all_logits=return_all_logits,
-            swa_slot_table=swa,
-            swa_out_slots=None if swa is None else swa[req, positions],
-            state_slots=None if state_slots is None else tuple(int(s) for s in state_slots),
+            kind_slots=kinds,
         )
 
     @classmethod
@@ -127,19 +159,24 @@ class ForwardBatch:
         *,
         device: torch.device | str | None = None,
         return_all_logits: bool = False,
-        swa_context_slots: Sequence[torch.Tensor] | None = None,
-        state_slots: Sequence[int] | None = None,
+        kind_slots: Mapping[str, Sequence[torch.Tensor] | Sequence[int]] | None = None,
     ) -> ForwardBatch:
         """The batch in which request r's new tokens are the last `extend_lens[r]` positions of
-        its context `context_slots[r]` (tests and tools; the runner uses `from_table`)."""
+        its context `context_slots[r]` (tests and tools; the runner uses `from_table`).
+        `kind_slots[kind]`: a windowed kind's context slots per request (tensors covering the
+        same positions as `context_slots`) or a state kind's slot per request (ints)."""
         seq_lens = [int(c.shape[0]) for c in context_slots]
         if device is None:
             device = context_slots[0].device if context_slots else "cpu"
-        swa = None
-        if swa_context_slots is not None:
-            if [int(c.shape[0]) for c in swa_context_slots] != seq_lens:
-                raise ValueError("swa_context_slots must cover the same positions as context_slots")
-            swa = _pad(swa_context_slots)
+        kinds: dict[str, torch.Tensor | Sequence[int]] = {}
+        for kind, given in (kind_slots or {}).items():
+            if not any(isinstance(c, torch.Tensor) for c in given):
+                kinds[kind] = [int(s) for s in given]
+                continue
+            contexts = [c for c in given if isinstance(c, torch.Tensor)]
+            if [int(c.shape[0]) for c in contexts] != seq_lens:
+                raise ValueError(f"the {kind} context slots must cover the context's positions")
+            kinds[kind] = _pad(contexts)
         return cls.from_table(
             input_ids,
             _pad(context_slots),
@@ -147,8 +184,7 @@ class ForwardBatch:
             seq_lens,
             device=device,
             return_all_logits=return_all_logits,
-            swa_slot_table=swa,
-            state_slots=state_slots,
+            kind_slots=kinds,
         )
 
     def to(self, device: torch.device | str) -> ForwardBatch:
@@ -156,11 +192,12 @@ class ForwardBatch:
         device = torch.device(device)
         if self.slot_table.device == device and self.input_ids.device == device:
             return self
-        moved = {
+        moved: dict[str, Any] = {
             f.name: getattr(self, f.name).to(device)
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
+        moved["kind_slots"] = {kind: s.to(device) for kind, s in self.kind_slots.items()}
         return dataclasses.replace(self, **moved)
 
     @property
@@ -184,12 +221,26 @@ class ForwardBatch:
         """Request r's context slots, `slot_table[r, :seq_lens[r]]` (views)."""
         return tuple(self.slot_table[r, :s] for r, s in enumerate(self.seq_lens))
 
-    @property
-    def swa_context_slots(self) -> tuple[torch.Tensor, ...] | None:
-        """Request r's SWA-pool context slots (views), or None without an SWA component."""
-        if self.swa_slot_table is None:
+    def window(self, kind: str) -> WindowSlots | None:
+        """The slots of windowed kind `kind` (None when the batch has none)."""
+        got = self.kind_slots.get(kind)
+        if got is not None and not isinstance(got, WindowSlots):
+            raise TypeError(f"the {kind} slots are not a windowed kind's")
+        return got
+
+    def states(self, kind: str) -> tuple[int, ...] | None:
+        """Each request's working-state slot of state kind `kind` (None when the batch has none)."""
+        got = self.kind_slots.get(kind)
+        if got is not None and not isinstance(got, StateSlots):
+            raise TypeError(f"the {kind} slots are not a state kind's")
+        return None if got is None else got.slots
+
+    def window_context_slots(self, kind: str) -> tuple[torch.Tensor, ...] | None:
+        """Request r's context slots of windowed kind `kind` (views), None when absent."""
+        got = self.window(kind)
+        if got is None:
             return None
-        return tuple(self.swa_slot_table[r, :s] for r, s in enumerate(self.seq_lens))
+        return tuple(got.slot_table[r, :s] for r, s in enumerate(self.seq_lens))
 
 
 def _pad(contexts: Sequence[torch.Tensor]) -> torch.Tensor:

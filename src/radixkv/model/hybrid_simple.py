@@ -11,6 +11,7 @@ makes, so the models' exactness can be tested before (and apart from) the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -99,6 +100,15 @@ class Session:
         assert main is not None
         return main, swa
 
+    def _kind_slots(self, work: list[tuple[Seq, int]], swa_ctx: list[torch.Tensor]) -> dict:
+        """The batch's slots of the kinds besides FULL (`ForwardBatch.kind_slots`)."""
+        out: dict[str, Any] = {}
+        if self.spec.has_swa:
+            out[SWA] = swa_ctx
+        if self.spec.has_state:
+            out[STATE] = [s.state for s, _ in work]
+        return out
+
     def step(self, work: list[tuple[Seq, int]], all_logits: bool = True) -> list[torch.Tensor]:
         """Extend each sequence by its next n tokens in one forward; per-sequence logits."""
         ids: list[int] = []
@@ -118,8 +128,7 @@ class Session:
             [n for _, n in work],
             device=self.lm.device,
             return_all_logits=all_logits,
-            swa_context_slots=swa_ctx if self.spec.has_swa else None,
-            state_slots=[s.state for s, _ in work] if self.spec.has_state else None,
+            kind_slots=self._kind_slots(work, swa_ctx),
         )
         logits = self.lm.model(batch, self.pools)
         if self.free_swa:

@@ -185,11 +185,14 @@ class ComponentMemory:
         for k in self._all:
             k.after_step(req, was_prefill)
 
-    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
-        """Every kind's fields of the step's ForwardBatch (the runner's `from_table` keywords)."""
+    def batch_slots(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
+        """Every kind's slots in the step's ForwardBatch, keyed by kind (`from_table`'s
+        `kind_slots`); kinds with nothing for the batch are left out."""
         out: dict[str, Any] = {}
         for k in self._all:
-            out.update(k.batch_fields(reqs, rows, ends))
+            got = k.batch_slots(reqs, rows, ends)
+            if got is not None:
+                out[k.kind] = got
         return out
 
     # -- handing data to the tree --------------------------------------------------------------

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import torch
+
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch, HybridPrefixCache
 from radixkv.engine.request import Request
 from radixkv.memory.hybrid import PoolSpec
@@ -82,8 +84,12 @@ class KindMemory(Protocol):
 
     def after_step(self, req: Request, was_prefill: bool) -> None: ...
 
-    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
-        """This kind's fields of the step's `ForwardBatch` (the runner's `from_table` keywords)."""
+    def batch_slots(
+        self, reqs: Sequence[Request], rows: list[int], ends: list[int]
+    ) -> torch.Tensor | Sequence[int] | None:
+        """This kind's slots in the step's `ForwardBatch` (`kind_slots[kind]` of `from_table`):
+        a windowed kind's slot table [R, max(ends)], a state kind's slot per request, None for
+        nothing."""
 
     # -- the tree
     def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:

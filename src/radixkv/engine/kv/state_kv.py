@@ -182,8 +182,8 @@ class StateMemory:
         self.pool.copy_state(h.slot, h.snap_slot)
         h.snap_pos = req.kv_len
 
-    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
-        return {"state_slots": [hold(r).slot for r in reqs]}
+    def batch_slots(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> list[int]:
+        return [hold(r).slot for r in reqs]
 
     # -- the tree ------------------------------------------------------------------------------
     def tree_part(self, req: Request, aligned: int, finishing: bool) -> list[tuple[int, int]]:

@@ -5,7 +5,7 @@ Census after every call: free + tree (`cache.held(SWA)`) + sum(len(h.pages)) * p
 == the SWA pool. A running request owns the pages covering [lo, capacity); it gets them chunk by
 chunk (`ensure`) and frees those that fell out of its window (`after_step`), so a long request
 holds about W tokens plus a page or two. Its row of the SWA table (the runner's
-`swa_slot_table`) holds the tree's slots before `lo`, -1 for positions it no longer has.
+`kind_slots[SWA]`) holds the tree's slots before `lo`, -1 for positions it no longer has.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from radixkv.cache.base import SlotArray
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
@@ -191,8 +192,10 @@ class SwaMemory:
         h.lo += n * self.page_size
         self.table.write(req.row, lo, np.full(h.lo - lo, -1, dtype=np.int64))
 
-    def batch_fields(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> dict:
-        return {"swa_slot_table": self.table.gather(rows, ends)}
+    def batch_slots(
+        self, reqs: Sequence[Request], rows: list[int], ends: list[int]
+    ) -> torch.Tensor:
+        return self.table.gather(rows, ends)
 
     # -- the tree ------------------------------------------------------------------------------
     def tree_part(self, req: Request, aligned: int, finishing: bool) -> np.ndarray:

@@ -26,7 +26,7 @@ from radixkv.model.attention.meta import (
     ExtendItem,
     PackedExtends,
 )
-from radixkv.model.attention.step import AttnLayer, KVStep, kv_components, swa_view
+from radixkv.model.attention.step import AttnLayer, KVStep, kv_components, window_view
 from radixkv.model.attention.torch_backend import TorchAttention
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "TorchAttention",
     "kv_components",
     "select_backend",
-    "swa_view",
+    "window_view",
     "write_slots",
 ]
 

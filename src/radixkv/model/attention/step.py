@@ -35,14 +35,15 @@ class AttnLayer:
     scale: float
 
 
-def swa_view(batch: ForwardBatch) -> ForwardBatch:
-    """The batch as the SWA pool sees it: SWA slots in place of FULL ones. Freed positions (-1)
-    become slot 0: they are outside every window of this step, so never attended, and a backend
-    that gathers them anyway reads finite data it masks out."""
-    if batch.swa_slot_table is None or batch.swa_out_slots is None:
-        raise ValueError("this model has sliding-window layers: the batch needs swa_slot_table")
+def window_view(batch: ForwardBatch, kind: str = SWA) -> ForwardBatch:
+    """The batch as windowed kind `kind`'s pool sees it: its slots in place of FULL ones. Freed
+    positions (-1) become slot 0: they are outside every window of this step, so never attended,
+    and a backend that gathers them anyway reads finite data it masks out."""
+    own = batch.window(kind)
+    if own is None:
+        raise ValueError(f"this model has {kind} layers: the batch needs its {kind} slot table")
     return dataclasses.replace(
-        batch, slot_table=batch.swa_slot_table.clamp(min=0), out_slots=batch.swa_out_slots
+        batch, slot_table=own.slot_table.clamp(min=0), out_slots=own.out_slots
     )
 
 
@@ -63,7 +64,7 @@ def kv_components(
         swa = pools.kv(SWA)
         if swa is None:
             raise ValueError("this model has sliding-window layers: an SWA pool is required")
-        out["swa"] = (swa, swa_view(batch))
+        out["swa"] = (swa, window_view(batch, SWA))
     return out
 
 

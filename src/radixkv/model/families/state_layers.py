@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixkv.memory.hybrid import ModelPools, StatePool
+from radixkv.memory.hybrid import STATE, ModelPools, StatePool
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.families.skeleton import DecoderLM, Rope
 from radixkv.model.nn.layers import rope_cos_sin, rope_inv_freq
@@ -41,14 +41,15 @@ class StateMeta:
     def build(cls, batch: ForwardBatch, pool: StatePool | None, device: torch.device) -> StateMeta:
         if pool is None:
             raise ValueError("this model has state layers: a STATE pool is required")
-        if batch.state_slots is None or len(batch.state_slots) != batch.num_requests:
+        state_slots = batch.states(STATE)
+        if state_slots is None or len(state_slots) != batch.num_requests:
             raise ValueError("this model has state layers: the batch needs one state slot/request")
-        if len(set(batch.state_slots)) != len(batch.state_slots):
+        if len(set(state_slots)) != len(state_slots):
             raise ValueError("two requests of one batch share a working state slot")
         runs: list[StateRun] = []
         rows, slots = [], []
         start = 0
-        for e, p, slot in zip(batch.extend_lens, batch.prefix_lens, batch.state_slots, strict=True):
+        for e, p, slot in zip(batch.extend_lens, batch.prefix_lens, state_slots, strict=True):
             if not 0 <= slot < pool.num_slots:
                 raise ValueError(f"state slot {slot} out of range")
             if e == 1 and p > 0:
