@@ -7,8 +7,7 @@ of to FULL's allocator (the KV manager's) and to each kind's (`take_freed`). Eve
 running request holds besides FULL is kept by its kind's memory, in `req.kv_kinds[kind]`; this
 class only iterates the kinds, in the registry's order, and never names one: the tree takes and
 answers each kind's data in mappings keyed by kind, which each kind reads its own entry of. Tier
-loads (engine/kv/tier_load.py)
-go through the kinds the tiers keep (`TierKind`, `tier_kind`).
+loads (engine/kv/tier_load.py) go through the kinds the tiers keep (`TierKind`, `tier_kind`).
 
 Census per kind after every public call (`check`): free + cached in the tree + held by running
 requests == that kind's pool (engine/kv/swa_kv.py, engine/kv/state_kv.py say what each holds).

@@ -58,8 +58,8 @@ def _load(
     """Carry `plan` out (None: no device memory for it); `tree`: the tree's FULL slots of
     [0, plan.full_from)."""
     got = None
-    try:  # FULL pages alone (a FULL-only model's plans): no kinds to ask
-        got = _alloc(kv, mem, plan) if plan.parts else _full(kv.alloc(len(plan.host_pages)))
+    try:
+        got = _alloc(kv, mem, plan)
     finally:  # ends the plan's reservation, copied or not
         kv.tiers.load(plan, *(got if got is not None else (None, None)))
     if got is None:
@@ -76,10 +76,6 @@ def _load(
     if cached < b:  # KV events hook: the tree adopted [cached, b)
         kv.events.stored(req.tokens, full, cached, b, req.namespace, length)
     return mem.resume_loaded(kv, req, handle, b, full)
-
-
-def _full(pages: list[int] | None) -> tuple[list[int], dict[str, list[int]]] | None:
-    return None if pages is None else (pages, {})
 
 
 def _alloc(

@@ -162,16 +162,13 @@ class TierLoads:
             return None
         full_from = min(in_l1, b)
         plan = LoadPlan(_key(req), run[: b - full_from], start * ps, full_from * ps, b * ps)
-        if touch:
-            for hp in plan.host_pages:
-                self.index.pin(hp)
-            return plan
-        for h in hs[full_from:b]:
-            lookup(h)  # recency: these pages are used now
-        for kind, store in self.stores.items():
-            pages = list(store.needs(b, start))
-            if pages:
-                plan.parts[kind] = KindPart(pages, [self._take(store, hs[p]) for p in pages])
+        if not touch:
+            for h in hs[full_from:b]:
+                lookup(h)  # recency: these pages are used now
+            for kind, store in self.stores.items():
+                pages = list(store.needs(b, start))
+                if pages:
+                    plan.parts[kind] = KindPart(pages, [self._take(store, hs[p]) for p in pages])
         self._reserve(plan, True)
         return plan
 
@@ -231,11 +228,7 @@ class TierLoads:
                     split[0] += self.page_size
                     self.counters.host_hit_tokens += self.page_size
         finally:
-            if plan.parts:
-                self._reserve(plan, False)
-            else:  # FULL pages alone
-                for hp in plan.host_pages:
-                    self.index.unpin(hp)
+            self._reserve(plan, False)
 
 
 def _key(req: Request) -> tuple[str, int]:
