@@ -2,7 +2,8 @@
 inside any room (a top-level folder of src/radixkv), room-to-room imports exactly those the table
 in docs/architecture.md allows (so the doc's diagram cannot drift from the code), the model room
 knows nothing of the engine, the host/storage tiers import neither the tree nor the KV manager,
-no module is over 400 lines and no folder holds over 15 modules.
+only the KV room moves device slots, no module is over 400 lines and no folder holds over 15
+modules.
 
 An import counts when it can run: at module level or inside a function (a lazy import that
 breaks a circle at load time still makes one); imports under `if TYPE_CHECKING:` never run and do
@@ -160,6 +161,23 @@ def test_the_tiers_import_neither_the_tree_nor_the_kv_manager() -> None:
     for module in tiers:
         forbidden = _reachable(module) & (TREE | kv)
         assert not forbidden, f"{module} imports {sorted(forbidden)}"
+
+
+# The allocator's calls that move slots between owners (memory/allocator.py).
+SLOT_MOVERS = {"alloc_pages", "free_page_ids", "free_slots_of_pages", "reserve_tail"}
+
+
+def test_only_the_kv_room_moves_slots() -> None:
+    """Outside engine/kv/ (and memory/, which defines the allocator) no module calls a slot-moving
+    allocator method: the scheduler admits through `KVManager.admit`, the tiers return plans."""
+    movers = []
+    for name, path in MODULES.items():
+        if name.startswith(("radixkv.engine.kv.", "radixkv.memory.")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in SLOT_MOVERS:
+                movers.append(f"{name}:{node.lineno} .{node.attr}")
+    assert not movers, movers
 
 
 def _doc_table() -> dict[str, set[str]]:

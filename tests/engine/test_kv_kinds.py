@@ -165,15 +165,7 @@ def _memory(
 
 
 def _admit(kv: KVManager, req: Request) -> bool:
-    prefix_len, slots = kv.match_and_lock(req)
-    pages = kv.alloc(kv.allocator.pages_for(len(req.tokens)) - prefix_len // PS)
-    if pages is None or not kv.reserve_components(req):
-        if pages is not None:
-            kv.allocator.free_page_ids(pages)
-        kv.unlock(req)
-        return False
-    kv.bind(req, prefix_len, slots, pages)
-    return True
+    return kv.admit(req, 0) is not None
 
 
 def _prefill(kv: KVManager, req: Request, running: list[Request]) -> int:

@@ -307,18 +307,10 @@ class Scheduler:
         return len(req.tokens) - have
 
     def _try_admit(self, req: Request) -> bool:
-        kv = self.kv
-        prefix_len, prefix_slots = kv.match_and_lock(req)
-        need = kv.allocator.pages_for(len(req.tokens)) - prefix_len // self.page_size
         reserve = self._reserve_pages(req, len(req.tokens)) if self.running else 0
-        pages = kv.alloc(need) if need + reserve <= kv.available_pages() else None
-        if pages is not None and not kv.reserve_components(req):
-            kv.allocator.free_page_ids(pages)
-            pages = None
-        if pages is None:
-            kv.unlock(req)
+        prefix_len = self.kv.admit(req, reserve)
+        if prefix_len is None:
             return False
-        kv.bind(req, prefix_len, prefix_slots, pages)
         self.waiting.remove(req)
         req.status = Status.RUNNING
         req.admit_seq = self._admit_seq
@@ -330,6 +322,6 @@ class Scheduler:
             self.prompt_tokens_total += req.num_prompt
             self.cached_prompt_tokens_total += prefix_len
             if self.regret is not None:
-                query = req.tokens[: len(req.tokens) - 1]  # what match_and_lock asked for
+                query = req.tokens[: len(req.tokens) - 1]  # what `kv.admit` matched
                 self.regret.record(query, req.namespace, req.num_prompt, prefix_len)
         return True

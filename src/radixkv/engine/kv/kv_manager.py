@@ -136,9 +136,23 @@ class KVManager:
             self.tiers.end_hold(req.request_id)
         return due
 
-    def reserve_components(self, req: Request) -> bool:
-        """Hybrid: take what a request needs besides FULL pages before it is bound."""
-        return self.comp.reserve(req)
+    def admit(self, req: Request, reserve_pages: int) -> int | None:
+        """Give `req` its memory, all or nothing: lock its longest cached prefix (through the
+        tiers), take pages for the rest of its prompt (evicting when short) while
+        `reserve_pages` more stay obtainable for the running requests, take what its other
+        kinds need, and bind its table row. Returns the cached prefix length; None when it
+        does not fit now, with nothing held (lock, pages and kinds given back)."""
+        prefix_len, prefix_slots = self.match_and_lock(req)
+        need = self.allocator.pages_for(len(req.tokens)) - prefix_len // self.page_size
+        pages = self.alloc(need) if need + reserve_pages <= self.available_pages() else None
+        if pages is not None and not self.comp.reserve(req):
+            self.allocator.free_page_ids(pages)
+            pages = None
+        if pages is None:
+            self.unlock(req)
+            return None
+        self.bind(req, prefix_len, prefix_slots, pages)
+        return prefix_len
 
     def unlock(self, req: Request) -> None:
         if req.handle is not None and self.cache is not None:
