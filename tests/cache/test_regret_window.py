@@ -106,5 +106,33 @@ def test_the_periodic_replay_runs_in_slices() -> None:
         steps += 1
     assert steps > 1 and w.last.requests == 8
     sliced = w.last
-    assert w.compute() == sliced  # the same window replayed whole
+    whole = RegretWindow(page_size=1, capacity_tokens=900, every=1000)
+    for i, r in enumerate(reqs):
+        whole.record(r, None, len(r), 300 if i >= 4 else 0)
+    assert whole.compute() == sliced  # the same window replayed whole
+    assert w.current and w.compute() == sliced
     assert sliced.live_hit_rate == 4 * 300 / 4000 and 0 < sliced.belady_hit_rate <= 1
+
+
+def test_compute_replays_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle poller pays one replay: `compute` returns the last report while nothing was
+    recorded since, and replays again after a record."""
+    import radixkv.cache.policies.research.regret as regret
+
+    calls: list[int] = []
+    real = regret.belady
+
+    def counting(keys: list[np.ndarray], capacity: int) -> object:
+        calls.append(len(keys))
+        return real(keys, capacity)
+
+    monkeypatch.setattr(regret, "belady", counting)
+    w = RegretWindow(page_size=4, capacity_tokens=64, every=1000)
+    assert w.current and w.compute().requests == 0 and calls == []
+    w.record(np.arange(40), None, 40, 0)
+    assert not w.current
+    first = w.compute()
+    assert first.requests == 1 and calls == [1]
+    assert w.current and w.compute() is first and calls == [1]
+    w.record(np.arange(40), None, 40, 36)
+    assert w.compute().requests == 2 and calls == [1, 2]

@@ -103,14 +103,14 @@ def window_fields(regret: RegretWindow | None) -> dict[str, Any]:
 
 
 def regret_stats(regret: RegretWindow | None, busy: bool) -> dict[str, Any]:
-    """The live-regret report as plain data (`enabled` False without a window). Idle, the
-    window is replayed whole now; busy (requests running or waiting), a whole replay would
-    stall them for up to ~80 ms, so the last report is returned (`requests` = its window,
-    `fresh` False) and a sliced replay of the current window starts, which the steps carry
-    on."""
+    """The live-regret report as plain data (`enabled` False without a window). When the last
+    report covers the window as it is, that report (`fresh` True). Else, idle, the window is
+    replayed whole now; busy (requests running or waiting), a whole replay would stall them
+    for up to ~80 ms, so the last report is returned (`requests` = its window, `fresh` False)
+    and a sliced replay of the current window starts, which the steps carry on."""
     if regret is None:
         return {"enabled": False}
-    if busy:
+    if busy and not regret.current:
         regret.refresh()
         rep, fresh = regret.last, False
     else:

@@ -11,7 +11,9 @@ itself, so early in a window it is a slight underestimate of an optimal warm cac
 It runs on the engine's thread, so no call may hold it long: the keys are computed vectorized
 (`page_keys`), and the periodic replay (tens of milliseconds over a full window) is a resumable
 job over a snapshot of the window that `record` and `advance` (once per scheduler step) run for
-at most `slice_s` each; `last` changes when a replay ends. `compute` (on demand) runs one whole.
+at most `slice_s` each; `last` changes when a replay ends. `compute` (on demand) runs one whole,
+unless `last` already covers the window as it is (nothing recorded since): a poller of an idle
+engine pays the replay once, not on every call.
 """
 
 from __future__ import annotations
@@ -75,8 +77,13 @@ class RegretWindow:
         self._pages = 0
         self._since = 0
         self.last = RegretReport(0, 0, 0.0, 0.0, capacity_tokens)
-        # The periodic replay in progress: the window's snapshot and the paused Belady job.
-        self._job: tuple[list[_Entry], Generator[None, None, BeladyResult]] | None = None
+        # Records so far, and how many of them `last` covers (its window is the whole window
+        # exactly when the two are equal; the empty window's report covers zero).
+        self._recorded = 0
+        self._last_covers = 0
+        # The periodic replay in progress: the window's snapshot, the records it covers and the
+        # paused Belady job.
+        self._job: tuple[list[_Entry], int, Generator[None, None, BeladyResult]] | None = None
 
     def __len__(self) -> int:
         return len(self._window)
@@ -92,6 +99,7 @@ class RegretWindow:
         keys = page_keys_array(query, self.page_size, namespace)
         self._window.append((keys, prompt_tokens, served_tokens))
         self._pages += len(keys)
+        self._recorded += 1
         while len(self._window) > self.max_requests or (
             self._pages > self.max_pages and len(self._window) > 1
         ):
@@ -108,7 +116,7 @@ class RegretWindow:
             self._since = 0
             window = list(self._window)
             job = belady_steps([w[0] for w in window], self._capacity_pages(), chunk=256)
-            self._job = (window, job)
+            self._job = (window, self._recorded, job)
 
     @property
     def replaying(self) -> bool:
@@ -119,7 +127,7 @@ class RegretWindow:
         """Continue the periodic replay for at most about `budget_s` (default `slice_s`)."""
         if self._job is None:
             return
-        window, job = self._job
+        window, covers, job = self._job
         end = time.perf_counter() + (self.slice_s if budget_s is None else budget_s)
         try:
             while True:
@@ -129,14 +137,23 @@ class RegretWindow:
         except StopIteration as stop:
             self._job = None
             self.last = self._report(window, stop.value)
+            self._last_covers = covers
+
+    @property
+    def current(self) -> bool:
+        """Whether `last` covers the window as it is now (nothing recorded since its replay)."""
+        return self._last_covers == self._recorded
 
     def compute(self) -> RegretReport:
-        """Replay the whole window through Belady now (a periodic replay in progress is
-        dropped); also stored as `last`."""
+        """The report over the whole window now: `last` when it is `current`, else a replay run
+        whole (a periodic replay in progress is dropped); stored as `last`."""
+        if self.current:
+            return self.last
         self._since = 0
         self._job = None
         window = list(self._window)
         self.last = self._report(window, belady([w[0] for w in window], self._capacity_pages()))
+        self._last_covers = self._recorded
         return self.last
 
     def _capacity_pages(self) -> int:
