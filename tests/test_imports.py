@@ -148,7 +148,7 @@ TREE = (
     | {f"radixkv.cache.{m}" for m in ("tree", "radix", "node", "blockhash")}
     | {
         f"radixkv.cache.hybrid.{m}"
-        for m in ("cache", "evict", "swa", "state", "components", "component")
+        for m in ("cache", "evict", "names", "swa", "state", "components", "component")
     }
 )
 

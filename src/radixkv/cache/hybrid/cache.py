@@ -3,15 +3,14 @@ STATE, ...); metadata only.
 
 Built on the same tree core as the plain `RadixCache` (`radixkv.cache.tree`: walk, split, locks,
 leaf queue, page-granular leaf removal, namespaces, sessions) and on one object per other
-component (`TreeComponent`, component.py; `COMPONENTS` below is the registry: SWA in `swa.py`,
-STATE in `state.py`), each holding its own ledger and rules. The tree iterates them in its order
-and never names one. Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once
-and every component votes on the candidate boundaries; the request resumes from the deepest one
-all accept. Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has
-no FULL layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's
-end.
-
-Eviction (`evict({kind: n})`, `reset`) is `evict.py`'s: trims first, then leaves.
+component (`TreeComponent`, component.py: SWA in `swa.py`, STATE in `state.py`), each holding
+its own ledger and rules, built from the `ComponentSpec`s the tree is given (`Components`: by
+the engine's registry of kinds, or by name, `names.py`). The tree iterates them in its order and
+never names one. Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once and
+every component votes on the candidate boundaries; the request resumes from the deepest one all
+accept. Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has no
+FULL layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's
+end. Eviction (`evict({kind: n})`, `reset`) is `evict.py`'s: trims first, then leaves.
 `FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL tokens as in the plain
 tree; `held(kind)` is every other component's ledger.
 """
@@ -22,11 +21,10 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.hybrid.component import InsertSite, TreeComponent
+from radixkv.cache.hybrid.component import ComponentSpec, InsertSite, TreeComponent
 from radixkv.cache.hybrid.components import Components, Freed, HybridInsert, HybridMatch
 from radixkv.cache.hybrid.evict import ComponentEviction
-from radixkv.cache.hybrid.state import StateComponent
-from radixkv.cache.hybrid.swa import SwaComponent
+from radixkv.cache.hybrid.names import BUILTIN, parse_components
 from radixkv.cache.keys import (
     EMPTY_SLOTS,
     TOKEN_BYTES,
@@ -39,35 +37,25 @@ from radixkv.cache.node import Node, common_pages
 from radixkv.cache.policies import EvictionPolicy
 from radixkv.cache.tree import RadixTree
 
-# The kinds the tree keeps besides FULL: kind -> its component class (component.py).
-COMPONENTS: dict[str, type[TreeComponent]] = {
-    SwaComponent.kind: SwaComponent,
-    StateComponent.kind: StateComponent,
-}
-
 
 class HybridCache(RadixTree):
     """A radix tree whose nodes hold every component of a hybrid model (module docstring)."""
 
     def __init__(
         self,
-        components: Components | Sequence[str],
+        components: Components | Sequence[str | ComponentSpec],
         page_size: int = 1,
         policy: str | EvictionPolicy = "lru",
     ) -> None:
-        """`components`: a `Components`, or names such as ("full", "swa:4096", "state")."""
+        """`components`: a `Components`, or names such as ("full", "swa:4096", "state") (any of
+        them a `ComponentSpec`, `names.parse_components`)."""
         super().__init__(page_size, policy)
-        self.components = Components.parse(components)
+        self.components = parse_components(components)
         if not self.components.hybrid:
             raise ValueError("a FULL-only cache is a RadixCache")
         self.has_full = self.components.full
         key = self.policy.key
-        comps: list[TreeComponent] = []
-        for kind, arg in self.components.kinds:
-            make = COMPONENTS.get(kind)
-            if make is None:
-                raise ValueError(f"unknown component {kind!r} (full | {' | '.join(COMPONENTS)})")
-            comps.append(make(arg, page_size, key))
+        comps = [spec.make(page_size, key) for spec in self.components.parts]
         self.parts: tuple[TreeComponent, ...] = tuple(comps)
         self._by_kind = {c.kind: c for c in comps}
         self._kinds = frozenset(self._by_kind)
@@ -302,8 +290,12 @@ class HybridCache(RadixTree):
         nodes = [n for _, n in self.iter_nodes()]
         for c in self.parts:
             c.check(nodes)
-        for kind, cls in COMPONENTS.items():
-            if kind not in self._by_kind and any(cls.stray(n) for n in nodes):
+        # The built-in kinds keep their data on Node's own fields: none on a tree without them
+        # (a kind keeping its data in its own registry cannot stray), none on a namespace root.
+        absent = [(kind, cls) for kind, cls in BUILTIN.items() if kind not in self._by_kind]
+        for kind, cls in absent:
+            if any(cls.stray(n) for n in nodes):
                 raise AssertionError(f"component integrity: {kind} data without its component")
-            if any(cls.stray(root) for root in self._roots.values()):
+        for stray in [c.stray for c in self.parts] + [cls.stray for _, cls in absent]:
+            if any(stray(root) for root in self._roots.values()):
                 raise AssertionError("component integrity: a namespace root carries data")
