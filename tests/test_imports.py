@@ -147,7 +147,10 @@ def _reachable(start: str) -> set[str]:
 TREE = (
     {"radixkv.cache"}
     | {f"radixkv.cache.{m}" for m in ("tree", "radix", "node", "blockhash")}
-    | {f"radixkv.cache.hybrid.{m}" for m in ("cache", "swa", "state", "components", "component")}
+    | {
+        f"radixkv.cache.hybrid.{m}"
+        for m in ("cache", "evict", "names", "swa", "state", "components", "component")
+    }
 )
 
 

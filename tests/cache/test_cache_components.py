@@ -22,14 +22,15 @@ from hypothesis import strategies as st
 
 from radixkv.cache import HybridCache, RadixCache
 from radixkv.cache.hybrid.components import Components, Freed
+from radixkv.cache.hybrid.names import parse_components
 from radixkv.cache.keys import TOKEN_BYTES
 
 COMBOS = [
-    Components.parse(["full", "swa:6"]),
-    Components.parse(["full", "state"]),
-    Components.parse(["full", "swa:5", "state"]),
-    Components.parse(["swa:4"]),
-    Components.parse(["swa:8", "state"]),
+    parse_components(["full", "swa:6"]),
+    parse_components(["full", "state"]),
+    parse_components(["full", "swa:5", "state"]),
+    parse_components(["swa:4"]),
+    parse_components(["swa:8", "state"]),
 ]
 SWA, STATE = "swa", "state"
 

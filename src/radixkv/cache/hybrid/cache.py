@@ -3,22 +3,14 @@ STATE, ...); metadata only.
 
 Built on the same tree core as the plain `RadixCache` (`radixkv.cache.tree`: walk, split, locks,
 leaf queue, page-granular leaf removal, namespaces, sessions) and on one object per other
-component (`TreeComponent`, component.py; `COMPONENTS` below is the registry: SWA in `swa.py`,
-STATE in `state.py`), each holding its own ledger and rules. The tree iterates them in its order
-and never names one. Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once
-and every component votes on the candidate boundaries; the request resumes from the deepest one
-all accept. Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has
-no FULL layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's
-end.
-
-Eviction, asked per kind (`evict({kind: n})`): first each asked component trims what it can
-without removing nodes, in the tree's order (SWA: K/V outside every kept boundary's window, page
-by page, only as many pages as asked and the furthest back first; STATE: checkpoints by policy),
-and the others prune what that left unusable (checkpoints whose window went); then unlocked
-leaves in policy order through the core's page-granular removal (tail pages only while FULL alone
-is short), freeing every component they hold, while FULL or a per-token component is short. When
-SWA is still short after trimming, every leaf holds no more than its own last window, so a victim
-leaf goes whole: cutting its tail would leave no usable boundary in it.
+component (`TreeComponent`, component.py: SWA in `swa.py`, STATE in `state.py`), each holding
+its own ledger and rules, built from the `ComponentSpec`s the tree is given (`Components`: by
+the engine's registry of kinds, or by name, `names.py`). The tree iterates them in its order and
+never names one. Like vLLM's hybrid KV-cache coordinator, a match walks the cached path once and
+every component votes on the candidate boundaries; the request resumes from the deepest one all
+accept. Per-node data (see node.Node): `slots` FULL slot per token (empty when the model has no
+FULL layers), `swa` SWA slot per token (-1 tombstone), `ckpt` STATE checkpoint at the node's
+end. Eviction (`evict({kind: n})`, `reset`) is `evict.py`'s: trims first, then leaves.
 `FULL` sizes (`evictable_size`, `total_size`, `cached_slots`) count FULL tokens as in the plain
 tree; `held(kind)` is every other component's ledger.
 """
@@ -29,10 +21,10 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from radixkv.cache.base import SlotArray
-from radixkv.cache.hybrid.component import InsertSite, TreeComponent
-from radixkv.cache.hybrid.components import FULL, Components, Freed, HybridInsert, HybridMatch
-from radixkv.cache.hybrid.state import StateComponent
-from radixkv.cache.hybrid.swa import SwaComponent
+from radixkv.cache.hybrid.component import ComponentSpec, InsertSite, TreeComponent
+from radixkv.cache.hybrid.components import Components, Freed, HybridInsert, HybridMatch
+from radixkv.cache.hybrid.evict import ComponentEviction
+from radixkv.cache.hybrid.names import BUILTIN, parse_components
 from radixkv.cache.keys import (
     EMPTY_SLOTS,
     TOKEN_BYTES,
@@ -45,43 +37,33 @@ from radixkv.cache.node import Node, common_pages
 from radixkv.cache.policies import EvictionPolicy
 from radixkv.cache.tree import RadixTree
 
-_ALL = 1 << 62  # "no page-granular limit": a victim leaf goes whole
-
-# The kinds the tree keeps besides FULL: kind -> its component class (component.py).
-COMPONENTS: dict[str, type[TreeComponent]] = {
-    SwaComponent.kind: SwaComponent,
-    StateComponent.kind: StateComponent,
-}
-
 
 class HybridCache(RadixTree):
     """A radix tree whose nodes hold every component of a hybrid model (module docstring)."""
 
     def __init__(
         self,
-        components: Components | Sequence[str],
+        components: Components | Sequence[str | ComponentSpec],
         page_size: int = 1,
         policy: str | EvictionPolicy = "lru",
     ) -> None:
-        """`components`: a `Components`, or names such as ("full", "swa:4096", "state")."""
+        """`components`: a `Components`, or names such as ("full", "swa:4096", "state") (any of
+        them a `ComponentSpec`, `names.parse_components`)."""
         super().__init__(page_size, policy)
-        self.components = Components.parse(components)
+        self.components = parse_components(components)
         if not self.components.hybrid:
             raise ValueError("a FULL-only cache is a RadixCache")
         self.has_full = self.components.full
         key = self.policy.key
-        comps: list[TreeComponent] = []
-        for kind, arg in self.components.kinds:
-            make = COMPONENTS.get(kind)
-            if make is None:
-                raise ValueError(f"unknown component {kind!r} (full | {' | '.join(COMPONENTS)})")
-            comps.append(make(arg, page_size, key))
+        comps = [spec.make(page_size, key) for spec in self.components.parts]
         self.parts: tuple[TreeComponent, ...] = tuple(comps)
         self._by_kind = {c.kind: c for c in comps}
         self._kinds = frozenset(self._by_kind)
-        self._per_token = tuple(c for c in comps if c.per_token)
-        if not self.has_full and not self._per_token:
+        if not self.has_full and not any(c.per_token for c in comps):
             raise ValueError("a cache needs FULL or a per-token component such as SWA")
+        self._eviction = ComponentEviction(
+            comps, self.has_full, self._pop_victim, self._remove_leaf
+        )
         self.policy.bind(self)
 
     def component(self, kind: str) -> TreeComponent | None:
@@ -275,59 +257,14 @@ class HybridCache(RadixTree):
         """Free at least `want[kind]` of each kind where possible (FULL tokens, SWA slots,
         checkpoints; kinds this tree lacks are ignored): every asked component trims first
         (the others pruning what that broke), then unlocked leaves go in policy order (freeing
-        every component they hold) while FULL or a per-token component is short; the caller
-        frees what comes back."""
-        out: dict[str, list[Any]] = {c.kind: [] for c in self.parts}
-        got = dict.fromkeys(out, 0)
-        for c in self.parts:
-            if want.get(c.kind, 0) > got[c.kind]:
-                self._trim(c, want[c.kind] - got[c.kind], out, got)
-        want_full = want.get(FULL, 0)
-        full_parts: list[SlotArray] = []
-        got_full = 0
-        short = self._short(want, got)
-        while got_full < want_full or short:
-            # Page-granular while FULL alone is short; a leaf goes whole when another kind is.
-            node = self._pop_victim(want_full - got_full if not short else _ALL)
-            if node is None:
-                break
-            self._remove_leaf(node)
-            if self.has_full:
-                full_parts.append(node.slots)
-                got_full += node.ntok
-            for c in self.parts:
-                got[c.kind] += c.forget(node, out[c.kind])
-            short = self._short(want, got)
-        for c in short:  # removed leaves turned branch points into pass-through nodes
-            self._trim(c, want[c.kind] - got[c.kind], out, got)
-        kinds = {c.kind: c.collect(out[c.kind]) for c in self.parts}
-        return Freed(concat_slots(full_parts), kinds)
-
-    def _short(self, want: Mapping[str, int], got: dict[str, int]) -> list[TreeComponent]:
-        """The per-token components an eviction has not freed enough of yet."""
-        return [c for c in self._per_token if got[c.kind] < want.get(c.kind, 0)]
-
-    def _trim(
-        self, comp: TreeComponent, n: int, out: dict[str, list[Any]], got: dict[str, int]
-    ) -> None:
-        """`comp` trims up to `n`; every other component prunes what that left unusable."""
-        trimmed = comp.trim(n, out[comp.kind])
-        got[comp.kind] += trimmed
-        if trimmed:
-            for c in self.parts:
-                if c is not comp:
-                    got[c.kind] += c.prune(comp.intact, out[c.kind])
+        every component they hold) while FULL or a per-token component is short (evict.py);
+        the caller frees what comes back."""
+        return self._eviction.evict(want)
 
     def reset(self) -> Freed:
         """Drop every node, locks included (their handles become stale), and return every
         component's data the tree held, for the caller to free."""
-        nodes = self._drop_all()
-        full = concat_slots([n.slots for n in nodes]) if self.has_full else concat_slots([])
-        out: dict[str, list[Any]] = {c.kind: [] for c in self.parts}
-        for n in nodes:
-            for c in self.parts:
-                c.forget(n, out[c.kind])
-        return Freed(full, {c.kind: c.collect(out[c.kind]) for c in self.parts})
+        return self._eviction.drop(self._drop_all())
 
     # ---------------------------------------------------------------- sizes and checks
 
@@ -353,8 +290,12 @@ class HybridCache(RadixTree):
         nodes = [n for _, n in self.iter_nodes()]
         for c in self.parts:
             c.check(nodes)
-        for kind, cls in COMPONENTS.items():
-            if kind not in self._by_kind and any(cls.stray(n) for n in nodes):
+        # The built-in kinds keep their data on Node's own fields: none on a tree without them
+        # (a kind keeping its data in its own registry cannot stray), none on a namespace root.
+        absent = [(kind, cls) for kind, cls in BUILTIN.items() if kind not in self._by_kind]
+        for kind, cls in absent:
+            if any(cls.stray(n) for n in nodes):
                 raise AssertionError(f"component integrity: {kind} data without its component")
-            if any(cls.stray(root) for root in self._roots.values()):
+        for stray in [c.stray for c in self.parts] + [cls.stray for _, cls in absent]:
+            if any(stray(root) for root in self._roots.values()):
                 raise AssertionError("component integrity: a namespace root carries data")

@@ -15,9 +15,12 @@ every operation of the tree:
 - forget: a node left the tree (eviction, reset), its data goes to the freed list;
 - check: recompute the ledger and registry from the nodes.
 
-A new kind the tree keeps is a module implementing this plus one line in the registry
-(`cache.py`); its per-node data may live in its own registry keyed by node (as `StateComponent`
-keeps its nodes), so the tree's `Node` need not change.
+A tree is built from `ComponentSpec`s (a component class and its argument, below), which the
+engine's registry of kinds answers for a model (engine/kv/kinds.py, `Kind.tree`); the tree has
+no registry of its own, so a new kind the tree keeps is a module implementing this plus that one
+engine line. Its per-node data may live in its own registry keyed by node (as `StateComponent`
+keeps its nodes), so the tree's `Node` need not change. The built-in kinds also have names
+("swa:4096", "state") for hand-built trees (`names.py`).
 """
 
 from __future__ import annotations
@@ -114,3 +117,24 @@ class TreeComponent(Protocol):
 
     def check(self, nodes: list[Node]) -> None:
         """Recompute the ledger and registry from `nodes` (every node of the tree)."""
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One component a hybrid tree is built with: its class and its argument (SWA's window;
+    None for STATE). The tree builds it (`make`) with its page size and its eviction policy's
+    order; `name` is its spelling in `names.py` ("swa:4096")."""
+
+    cls: type[TreeComponent]
+    arg: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.cls.kind
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
+
+    def make(self, page_size: int, key: Policy) -> TreeComponent:
+        return self.cls(self.arg, page_size, key)

@@ -5,27 +5,29 @@ per kind); metadata only, no torch.
 A model's layers fall into kinds of KV, each with its own pool and its own reuse rule at a
 candidate boundary B (a page boundary on a cached path). FULL (K/V for every token, every
 boundary on the cached path usable, evicted leaf-first) is the tree core's own `slots`. Every
-other kind the tree keeps is one `TreeComponent` (`component.py`, the registry in `cache.py`):
+other kind the tree keeps is one `TreeComponent` (`component.py`), built from a `ComponentSpec`:
 
 - SWA(window W), `swa.py`: K/V for every token, but a boundary is usable only if the W tokens
   before it still have their K/V; K/V further back may be freed (tombstones, slot -1).
 - STATE, `state.py`: a fixed-size recurrent/conv state. Accepts B = 0 and boundaries that carry
   a checkpoint (a state slot holding the state after exactly B tokens).
 
-`Components` says which of them a cache was built with. The plain full-attention cache
+`Components` says which of them a cache was built with (the engine's registry of kinds,
+engine/kv/kinds.py, answers the specs for a model). The plain full-attention cache
 (`RadixCache`) is the FULL-only case; every other combination is a `HybridCache`
 (`radixkv.cache.hybrid.cache`), built on the same tree core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from radixkv.cache.base import MatchResult, PrefixIndex, SlotArray
+from radixkv.cache.hybrid.component import ComponentSpec
 
 FULL = "full"  # the core's own kind: one slot per token on every node
 TOMBSTONE = -1  # an SWA slot entry whose K/V was freed (or never kept)
@@ -34,56 +36,39 @@ TOMBSTONE = -1  # an SWA slot entry whose K/V was freed (or never kept)
 @dataclass(frozen=True)
 class Components:
     """Which components a cache tracks: FULL, and the tree's other kinds in the tree's order,
-    each with its argument (SWA's window; None for STATE). At least one of them must carry
-    per-token data (FULL or SWA, `HybridCache` checks the kinds)."""
+    each a `ComponentSpec` (its class and argument). At least one of them must carry per-token
+    data (FULL or SWA, `HybridCache` checks the kinds). The engine builds it from its registry
+    of kinds; by hand, `names.parse_components(["full", "swa:4096", "state"])`."""
 
     full: bool = True
-    kinds: tuple[tuple[str, int | None], ...] = ()
+    parts: tuple[ComponentSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.full and not self.kinds:
+        if not self.full and not self.parts:
             raise ValueError("a cache needs a FULL component or another one")
-        names = [k for k, _ in self.kinds]
+        names = self.kinds
         if len(set(names)) != len(names) or FULL in names:
             raise ValueError(f"a kind named twice: {names}")
 
     @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds besides FULL, in the tree's order."""
+        return tuple(p.kind for p in self.parts)
+
+    @property
     def hybrid(self) -> bool:
         """True unless this is the plain FULL-only cache."""
-        return not self.full or bool(self.kinds)
+        return not self.full or bool(self.parts)
 
     def has(self, kind: str) -> bool:
-        return any(k == kind for k, _ in self.kinds)
+        return kind in self.kinds
 
     def get(self, kind: str) -> int | None:
         """The argument of `kind` (None: no argument, or no such kind)."""
-        return next((arg for k, arg in self.kinds if k == kind), None)
-
-    @classmethod
-    def parse(cls, spec: Components | Iterable[str] | None) -> Components:
-        """`None` → FULL only; or names such as ("full", "swa:4096", "state"): a kind's name,
-        then its integer argument after a colon (which kinds exist, `HybridCache` knows)."""
-        if spec is None:
-            return cls()
-        if isinstance(spec, Components):
-            return spec
-        full = False
-        kinds: list[tuple[str, int | None]] = []
-        for item in spec:
-            name, colon, arg = str(item).partition(":")
-            if name == FULL and not colon:
-                full = True
-                continue
-            try:
-                kinds.append((name, int(arg) if colon else None))
-            except ValueError:
-                raise ValueError(f"bad component {item!r} (e.g. full | swa:W | state)") from None
-        return cls(full=full, kinds=tuple(kinds))
+        return next((p.arg for p in self.parts if p.kind == kind), None)
 
     def names(self) -> tuple[str, ...]:
-        out = [FULL] if self.full else []
-        out += [k if a is None else f"{k}:{a}" for k, a in self.kinds]
-        return tuple(out)
+        return ((FULL,) if self.full else ()) + tuple(p.name for p in self.parts)
 
 
 def _empty() -> SlotArray:

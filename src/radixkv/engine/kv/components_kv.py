@@ -76,7 +76,7 @@ class ComponentMemory:
         self.kinds: dict[str, KindMemory] = build_kinds(others, setup)
         self._all = tuple(self.kinds.values())
         if cache is not None:
-            tree = {kind for kind, _ in cache.components.kinds}
+            tree = set(cache.components.kinds)
             if not tree <= set(self.kinds):
                 raise ValueError(
                     f"the tree keeps kinds {sorted(tree)}, the pools {sorted(self.kinds)}"
@@ -89,7 +89,7 @@ class ComponentMemory:
         """The tree's components: FULL always (real slots, or zero-layer bookkeeping slots for
         a model without FULL layers, see engine.setup.hybrid_spec), then each kind the tree
         keeps for `spec` (the registry's `tree`, engine/kv/kinds.py)."""
-        return Components.parse([FULL, *tree_components(spec)])
+        return Components(full=True, parts=tuple(tree_components(spec)))
 
     # -- eviction --------------------------------------------------------------------------------
     def _free(self, freed: Freed) -> None:

@@ -2,8 +2,9 @@
 a running request's part of that kind's pool (a `KindMemory`, engine/kv/kind_memory.py), how its
 pool is sized (a `KindSizing`, engine/kv/kind_sizing.py), the class of its store in the
 host/storage tiers (a `KindStore`, engine/tiers/kind_store.py; none for a kind the tree never
-sees) and what the prefix tree keeps of it for a model (a component name of
-`radixkv.cache.Components`, e.g. "swa:4096"; None: nothing). A model's `PoolSpec`
+sees) and what the prefix tree keeps of it for a model (a `ComponentSpec`: the kind's
+`TreeComponent` class, kept in radixkv/cache/hybrid/, and its argument, e.g. SWA's window; None:
+nothing; the tree has no registry of its own). A model's `PoolSpec`
 (radixkv.memory.hybrid) names the kinds it has: `pool_sizes` sizes their pools, the hybrid
 coordinator (`ComponentMemory`) builds one memory per kind from this table and iterates them,
 and the tiers get a store per kind that has one (`tier_stores`). A new kind is its own module(s)
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from radixkv.cache.hybrid.component import ComponentSpec
 from radixkv.config import EngineConfig
 from radixkv.engine.kv.kind_memory import KindMemory, KindSetup
 from radixkv.engine.kv.kind_sizing import KindSizing, SizeContext, split_budget
@@ -39,7 +41,7 @@ class Kind:
     memory: Callable[[Any, KindSetup], KindMemory]
     sizing: KindSizing | None = None
     store: Callable[[Any, StoreSetup], KindStore] | None = None
-    tree: Callable[[PoolSpec], str | None] | None = None
+    tree: Callable[[PoolSpec], ComponentSpec | None] | None = None
 
 
 KINDS: dict[str, Kind] = {
@@ -56,10 +58,10 @@ def build_kinds(pools: dict[str, Any], setup: KindSetup) -> dict[str, KindMemory
     return {kind: k.memory(pools[kind], setup) for kind, k in KINDS.items() if kind in pools}
 
 
-def tree_components(spec: PoolSpec) -> list[str]:
+def tree_components(spec: PoolSpec) -> list[ComponentSpec]:
     """What the prefix tree keeps besides FULL for a model of `spec`, in the registry's order."""
-    names = (k.tree(spec) for k in KINDS.values() if k.tree is not None)
-    return [name for name in names if name is not None]
+    parts = (k.tree(spec) for k in KINDS.values() if k.tree is not None)
+    return [part for part in parts if part is not None]
 
 
 def tier_stores() -> dict[str, Callable[[Any, StoreSetup], KindStore]]:

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixkv.cache.hybrid.component import ComponentSpec
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
+from radixkv.cache.hybrid.state import StateComponent
 from radixkv.config import EngineConfig
 from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.kv.kind_sizing import SizeContext
@@ -65,9 +67,9 @@ def hold(req: Request) -> StateHold:
     return holding(req, STATE, StateHold)
 
 
-def state_component(spec: PoolSpec) -> str | None:
+def state_component(spec: PoolSpec) -> ComponentSpec | None:
     """The tree's STATE component (checkpoints) for a model of `spec`, if it has STATE layers."""
-    return STATE if spec.has_state else None
+    return ComponentSpec(StateComponent) if spec.has_state else None
 
 
 def _owned(req: Request) -> list[int]:

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from radixkv.cache.base import SlotArray
+from radixkv.cache.hybrid.component import ComponentSpec
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
+from radixkv.cache.hybrid.swa import SwaComponent
 from radixkv.config import EngineConfig
 from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.kv.kind_sizing import SizeContext
@@ -85,9 +87,9 @@ def hold(req: Request) -> SwaHold:
     return holding(req, SWA, SwaHold)
 
 
-def swa_component(spec: PoolSpec) -> str | None:
+def swa_component(spec: PoolSpec) -> ComponentSpec | None:
     """The tree's SWA component for a model of `spec` (its window), if it has SWA layers."""
-    return f"{SWA}:{spec.swa_window}" if spec.has_swa else None
+    return ComponentSpec(SwaComponent, spec.swa_window) if spec.has_swa else None
 
 
 def _pages(req: Request) -> list[int]:
