@@ -167,14 +167,8 @@ def _run(kv: KVManager, prompt: list[int]) -> Request | None:
     release it (its tokens go to the tree, with a mark at the end), every census checked after
     each call; None when it could not be admitted."""
     req = _request(f"r{len(prompt)}", prompt)
-    prefix_len, slots = kv.match_and_lock(req)
-    pages = kv.alloc(kv.allocator.pages_for(len(req.tokens)) - prefix_len // PS)
-    if pages is None or not kv.reserve_components(req):
-        if pages is not None:
-            kv.allocator.free_page_ids(pages)
-        kv.unlock(req)
+    if kv.admit(req, 0) is None:
         return None
-    kv.bind(req, prefix_len, slots, pages)
     kv.check([req])
     while req.pending > 1:
         n = min(req.pending - 1, kv.chunk_cap(req))
