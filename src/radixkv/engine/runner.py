@@ -112,7 +112,10 @@ class ModelRunner:
             None,
         )
         pages = kv.alloc(kv.allocator.pages_for(2))
-        if pages is None or not kv.reserve_components(req):
+        if pages is not None and not kv.reserve_components(req):
+            kv.allocator.free_page_ids(pages)
+            pages = None
+        if pages is None:
             raise RuntimeError("no memory for the compile warm-up's two tokens")
         kv.bind(req, 0, np.empty(0, dtype=np.int64), pages)
         try:
