@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,21 @@ from radixkv.memory.pool import KVPool
 from radixkv.model import load_model
 
 pytestmark = pytest.mark.slow
+
+
+def count_compiled_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at every call of a compiled layer stack from now on."""
+    from radixkv.model.nn.compiled import CompiledStack
+
+    calls: list[int] = []
+    real = CompiledStack.__call__
+
+    def counted(self: CompiledStack, *args: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(CompiledStack, "__call__", counted)
+    return calls
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +70,68 @@ def test_compiled_matches_transformers_and_eager(models: tuple) -> None:
     for a, b in zip(runs[0], runs[1], strict=True):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
         assert_close(a, b)
+
+
+def test_compiled_sliding_models_match_transformers_and_their_eager_bits(
+    tiny_model_dir: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Models whose layers are standard but whose KV is not FULL-only, over their component
+    pools (the standalone Session driver: slots in a seeded random order, SWA slots freed as
+    they leave the window): Mistral (every layer on the SWA pool) against transformers, and the
+    test-only toy family with sliding and full layers (FULL + SWA in one compiled stack, each
+    layer's K/V through `radixkv::attention` into its own component) against its reference.
+    Both compiled, both the same bits as their eager forward."""
+    from test_hybrid_exactness import reference as hf_reference
+    from test_toy_family import SEQS, build, run
+    from test_toy_family import reference as toy_reference
+    from transformers import AutoModelForCausalLM
+
+    from radixkv.model.registry import ARCHITECTURES, Family
+
+    toy_family = Family("model_toy_family", "ToyConfig", "ToyLM")
+    monkeypatch.setitem(ARCHITECTURES, "ToyForCausalLM", toy_family)  # its one registry line
+    path = tiny_model_dir("mistral")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    toy = {"layer_types": types, "sliding_window": 6}
+    cases = [
+        (load_model(path), load_model(path), [hf_reference(hf, s) for s in SEQS]),
+        (
+            build("ToyForCausalLM", **toy),
+            build("ToyForCausalLM", **toy),
+            [toy_reference(s, False, [6, None, 6]) for s in SEQS],
+        ),
+    ]
+    calls = count_compiled_calls(monkeypatch)
+    for compiled, eager, refs in cases:
+        compiled.model.compile()
+        before = len(calls)
+        got = run(compiled, SEQS)
+        assert len(calls) - before == 4  # every step of `run` ran the compiled stack
+        want = run(eager, SEQS)
+        assert len(calls) - before == 4
+        for ours, ref in zip(got, refs, strict=True):
+            assert_close(ours, ref)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_every_compiled_model_keeps_its_own_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five models compiled in one process, two graphs each (one token, and the dynamic-shape
+    one): more than dynamo's recompile limit (8) allows one code object, so each stack's graphs
+    must live apart, and a model's graphs must not be replaced by the next one's."""
+    from test_toy_family import SEQS, build, run
+
+    from radixkv.model.registry import ARCHITECTURES, Family
+
+    monkeypatch.setitem(
+        ARCHITECTURES, "ToyForCausalLM", Family("model_toy_family", "ToyConfig", "ToyLM")
+    )
+    models = [build("ToyForCausalLM") for _ in range(5)]
+    first = []
+    for lm in models:
+        lm.model.compile()
+        first.append(run(lm, SEQS))
+    for lm, want in zip(models, first, strict=True):  # again: each its own graphs, no recompile
+        for a, b in zip(run(lm, SEQS), want, strict=True):
+            assert torch.equal(a, b)

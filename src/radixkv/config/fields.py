@@ -96,7 +96,7 @@ class Section:
     ) -> None:
         """Register this section's flags (one group per `group`), or only those of the fields
         named in `only`; `defaults` overrides the flag default of a field by name (e.g.
-        compile on for `serve`, off for tools)."""
+        `compile=True` to turn --compile on by default)."""
         groups: dict[str, Any] = {}
         for f in cls.fields():
             flag = flag_of(f)

@@ -57,7 +57,9 @@ class ModelConfig(Section):
         "weights and KV dtype (auto: bfloat16 on GPUs and on CPUs with native bf16, else float32)",
         choices=DTYPE_NAMES,
     )
-    # On for `radixkv serve` (its flag default), off by default for the Python API and tests.
+    # Off by default everywhere (`radixkv serve` included: the compiled and eager models compute
+    # the same bits equally fast, and eager starts sooner, see docs/determinism.md); a command
+    # may give its flag another default (`add_engine_args(compile_default=...)`), none does.
     compile: bool = opt(
         False,
         "torch.compile the model (inductor; first start compiles, later starts reuse the "

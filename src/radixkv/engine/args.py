@@ -14,8 +14,8 @@ def add_engine_args(
     parser: argparse.ArgumentParser, *, compile_default: bool = False, **defaults: Any
 ) -> argparse.ArgumentParser:
     """Add the model, cache and scheduler flags to `parser`, one argparse group per section;
-    `compile_default` is the default of --compile/--no-compile (on for the server, off for
-    one-off tools) and `defaults` overrides other flag defaults by field name."""
+    `compile_default` is the default of --compile/--no-compile (off unless a command asks;
+    `radixkv serve` keeps it off) and `defaults` overrides other flag defaults by field name."""
     return EngineConfig.add_args(parser, compile=compile_default, **defaults)
 
 

@@ -74,7 +74,7 @@ class Engine:
         kinds = self.kv.comp if self.pools is not None else None  # a hybrid's ComponentMemory
         self.runner = ModelRunner(self.lm.model, self.pool, self.table, self.pools, kinds)
         if cfg.model.compile:
-            self.runner.compile()
+            self.runner.compile(self.kv)  # a model it cannot compile stays eager (logged)
         # Decode graphs per batch-size bucket, captured after the compile's warm-up.
         graph_runner.attach(self.runner, graph_bs, mem.scratch_slot, self.table.max_context)
         # request id → its choices (index order); n == 1 requests have one.

@@ -3,19 +3,38 @@ and runs the model under `torch.inference_mode()`."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
+from radixkv.engine.request import Request
+from radixkv.engine.sampling.stop import TextStream
 from radixkv.engine.scheduler import ScheduledBatch
+from radixkv.engine.types import RequestOptions, SamplingParams
 from radixkv.memory.pool import KVPool
 from radixkv.memory.req_table import ReqToTokenTable
 from radixkv.model.batch import ForwardBatch
 
+if TYPE_CHECKING:
+    from radixkv.engine.kv.kv_manager import KVManager
+
+log = logging.getLogger(__name__)
+
 
 class ForwardModel(Protocol):
     def __call__(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor: ...
+
+
+class _NoText:
+    """The warm-up request's text decoder: it never decodes a token."""
+
+    def push(self, token_id: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
 
 
 class ModelRunner:
@@ -62,25 +81,50 @@ class ModelRunner:
             kind_slots=kinds,
         )
 
-    def compile(self) -> None:
-        """Compile the model (if it can be) and warm it up, so that serving never waits on the
-        compiler: one forward of two tokens (the dynamic-shape graph every prefill and decode
-        batch of >= 2 tokens uses) and one of a single token (its own graph). The warm-up
-        writes K/V into the first two pool slots, which the allocator has not handed out yet
-        (the caller compiles before any request is admitted), so nothing is disturbed."""
-        # Only models that declare a compiled path (nn.Module.compile would wrap any other
-        # model's whole forward, batch objects and pools included); the rest run eagerly.
-        # Hybrid / SWA models (self.pools set) keep their eager path too.
-        if self.pools is not None or not getattr(self.model, "supports_compile", False):
-            return
+    def compile(self, kv: KVManager) -> str | None:
+        """Compile the model's layer stack (if it can be) and warm it up, so that serving never
+        waits on the compiler; None when compiled, else why the model runs without it (logged).
+
+        Any model whose layers are all stackable compiles, whatever its pools (FULL, SWA, both):
+        the compiled graph calls attention through the KVStep of the step, which carries every
+        KV component. The warm-up is one forward of two tokens (the dynamic-shape graph every
+        prefill and decode batch of >= 2 tokens uses) and one of a single token (its own graph),
+        for a request admitted through `kv` as the scheduler admits one: every kind's slots come
+        from that kind's own allocator (slots no request holds), and the request is released
+        without handing anything to the tree (it never counts a computed token)."""
+        why = getattr(self.model, "why_not_compiled", None)
+        reason = why() if callable(why) else "it has no compiled layer stack"
+        if reason is not None:
+            log.warning("--compile: the model runs without torch.compile: %s", reason)
+            return str(reason)
         model: Any = self.model
         model.compile()
-        slots = torch.arange(2, dtype=torch.int64, device=self.device)
-        with torch.inference_mode():
-            self.model(
-                ForwardBatch.from_contexts([0, 0], [slots], [2], device=self.device), self.pool
-            )
-            self.model(ForwardBatch.from_contexts([0], [slots], [1], device=self.device), self.pool)
+        self._warm_up(kv)
+        return None
+
+    def _warm_up(self, kv: KVManager) -> None:
+        req = Request(
+            "compile-warm-up",
+            [0, 0],
+            SamplingParams(max_tokens=1),
+            RequestOptions(),
+            TextStream(_NoText()),
+            None,
+        )
+        pages = kv.alloc(kv.allocator.pages_for(2))
+        if pages is not None and not kv.reserve_components(req):
+            kv.allocator.free_page_ids(pages)
+            pages = None
+        if pages is None:
+            raise RuntimeError("no memory for the compile warm-up's two tokens")
+        kv.bind(req, 0, np.empty(0, dtype=np.int64), pages)
+        try:
+            if not kv.grow(req, 2):
+                raise RuntimeError("no memory for the compile warm-up's two tokens")
+            for n in (2, 1):  # req.kv_len stays 0: the second forward rewrites position 0
+                self.forward(ScheduledBatch([req], [n]))
+        finally:
+            kv.release(req)
 
     def forward(self, sched: ScheduledBatch) -> torch.Tensor:
         """Logits [R, vocab] of each request's last new token."""

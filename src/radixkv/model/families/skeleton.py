@@ -212,6 +212,19 @@ class DecoderLM(nn.Module, Generic[P]):
         """Whether `compile` runs the layers compiled (every layer stackable)."""
         return self.stackable
 
+    def why_not_compiled(self) -> str | None:
+        """None when `compile` runs the layers compiled (every layer stackable, whatever the
+        model's KV kinds), else why it keeps its layers eager."""
+        if self.stackable:
+            return None
+        names = sorted({type(x).__name__ for x in self.layers if not is_stackable(x)})
+        state = self.config.count("state")
+        kinds = f" ({state} of {len(self.layers)} are state layers)" if state else ""
+        return (
+            f"{self.config.architecture}: its {', '.join(names) or 'no'} layers{kinds} are not "
+            "the skeleton's standard DecoderLayer, the only layer the compiled stack runs"
+        )
+
     def compile(self) -> None:
         """Run the layer stack through torch.compile from now on (see radixkv.model.nn.compiled);
         the eager layers where they are not all stackable. Idempotent: a model shared by several

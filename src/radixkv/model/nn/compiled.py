@@ -17,8 +17,10 @@ $TORCHINDUCTOR_CACHE_DIR says otherwise, so a restart reuses them.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Sequence
+import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 # The context of the forward in progress; set only while a compiled stack runs (one engine thread
 # runs the model, so one slot suffices).
 _CTX: list[KVStep] = []
+_STACK_IDS = itertools.count()
 
 
 LIB.define("attention(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")
@@ -78,7 +81,16 @@ class CompiledStack:
     def __init__(self, layers: Sequence[DecoderLayer]) -> None:
         compile_cache_dir()
         self.layers = list(layers)
-        self.fn = torch.compile(self._run, fullgraph=True, dynamic=False)
+        self.fn = torch.compile(self._own_run(), fullgraph=True, dynamic=False)
+
+    def _own_run(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """`self._run` over a code object of this stack's own. Dynamo keeps its graphs, and its
+        recompile limit (8), per code object: with `_run`'s shared one, every further model
+        compiled in the process (a test session, a bench of several models) recompiled over
+        the others' guards and the ninth graph failed."""
+        code = CompiledStack._run.__code__
+        code = code.replace(co_name=f"{code.co_name}_{next(_STACK_IDS)}")
+        return types.MethodType(types.FunctionType(code, globals()), self)
 
     def _run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
