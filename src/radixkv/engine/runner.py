@@ -111,13 +111,8 @@ class ModelRunner:
             TextStream(_NoText()),
             None,
         )
-        pages = kv.alloc(kv.allocator.pages_for(2))
-        if pages is not None and not kv.reserve_components(req):
-            kv.allocator.free_page_ids(pages)
-            pages = None
-        if pages is None:
+        if kv.admit(req, 0, match=False) is None:
             raise RuntimeError("no memory for the compile warm-up's two tokens")
-        kv.bind(req, 0, np.empty(0, dtype=np.int64), pages)
         try:
             if not kv.grow(req, 2):
                 raise RuntimeError("no memory for the compile warm-up's two tokens")

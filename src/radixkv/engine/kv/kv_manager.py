@@ -136,13 +136,17 @@ class KVManager:
             self.tiers.end_hold(req.request_id)
         return due
 
-    def admit(self, req: Request, reserve_pages: int) -> int | None:
+    def admit(self, req: Request, reserve_pages: int, match: bool = True) -> int | None:
         """Give `req` its memory, all or nothing: lock its longest cached prefix (through the
-        tiers), take pages for the rest of its prompt (evicting when short) while
-        `reserve_pages` more stay obtainable for the running requests, take what its other
-        kinds need, and bind its table row. Returns the cached prefix length; None when it
-        does not fit now, with nothing held (lock, pages and kinds given back)."""
-        prefix_len, prefix_slots = self.match_and_lock(req)
+        tiers; `match` False: no lookup, as for the compile warm-up), take pages for the rest
+        of its prompt (evicting when short) while `reserve_pages` more stay obtainable for the
+        running requests, take what its other kinds need, and bind its table row. Returns the
+        cached prefix length; None when it does not fit now, with nothing held (lock, pages
+        and kinds given back)."""
+        if match:
+            prefix_len, prefix_slots = self.match_and_lock(req)
+        else:
+            prefix_len, prefix_slots = 0, np.empty(0, dtype=np.int64)
         need = self.allocator.pages_for(len(req.tokens)) - prefix_len // self.page_size
         pages = self.alloc(need) if need + reserve_pages <= self.available_pages() else None
         if pages is not None and not self.comp.reserve(req):
