@@ -24,9 +24,9 @@ import torch
 
 from mark_kind import MARK, MarkComponent
 from radixkv.cache import ComponentSpec, HybridCache
-from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
+from radixkv.cache.hybrid.components import HybridMatch
 from radixkv.engine.kv.components_kv import ComponentMemory
-from radixkv.engine.kv.kind_memory import KindSetup, holding
+from radixkv.engine.kv.kind_memory import KindMemoryBase, KindSetup, holding
 from radixkv.engine.kv.kinds import KINDS, Kind
 from radixkv.engine.kv.kv_manager import KVManager
 from radixkv.engine.request import Request
@@ -57,8 +57,9 @@ class MarkHold:
     resume: int = -1  # the mark the match resumes at (the tree's; -1: none)
 
 
-class MarkMemory:
-    """One mark per finished request, at its last page boundary; a hit reads its mark."""
+class MarkMemory(KindMemoryBase):
+    """One mark per finished request, at its last page boundary; a hit reads its mark. The
+    calls it does not need are `KindMemoryBase`'s neutral answers."""
 
     kind = MARK
 
@@ -72,30 +73,9 @@ class MarkMemory:
     def on_match(self, req: Request, m: HybridMatch) -> None:
         holding(req, MARK, MarkHold).resume = m.kinds[MARK]
 
-    def forget_match(self, req: Request) -> None:
-        return None
-
-    def reserve(self, req: Request) -> bool:
-        return True
-
-    def unreserve(self, req: Request) -> None:
-        return None
-
     def bind(self, req: Request, prefix_len: int) -> None:
         if prefix_len > 0:
             self.seen.append(float(self.pool[holding(req, MARK, MarkHold).resume]))
-
-    def ensure(self, req: Request, end: int) -> bool:
-        return True
-
-    def chunk_cap(self, req: Request) -> int | None:
-        return None
-
-    def after_step(self, req: Request, was_prefill: bool) -> None:
-        return None
-
-    def batch_slots(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> None:
-        return None
 
     def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:
         if not finishing:
@@ -109,27 +89,9 @@ class MarkMemory:
         self.pool[got[0]] = float(aligned)
         return [(aligned, got[0])]
 
-    def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
-        self.take_freed(out.refused.get(MARK))
-
-    def rewrite_prefix(self, req: Request, handle: Any) -> None:
-        return None
-
     def take_freed(self, value: Any) -> None:
         if value:
             self.alloc_.free_page_ids(list(value))
-
-    def reserve_fork(self, parent: Request) -> int:
-        return 0
-
-    def unreserve_fork(self, held: int) -> None:
-        return None
-
-    def bind_fork(self, parent: Request, child: Request, held: int) -> None:
-        return None
-
-    def release(self, req: Request) -> None:
-        req.kv_kinds.pop(MARK, None)
 
     def census(self, running: Sequence[Request]) -> dict[str, int]:
         cached = self.cache.held(MARK) if self.cache is not None else 0

@@ -124,6 +124,73 @@ class KindMemory(Protocol):
     def check(self, running: Sequence[Request]) -> None: ...
 
 
+class KindMemoryBase:
+    """`KindMemory` with every call a kind may not need answered by its neutral value (nothing
+    to remember, take, limit, hand the tree or copy for a fork), so a new kind writes only the
+    calls its pool needs, plus `census` and `check`, which every kind must answer."""
+
+    kind: str
+
+    def on_match(self, req: Request, m: HybridMatch) -> None:
+        return None
+
+    def forget_match(self, req: Request) -> None:
+        return None
+
+    def reserve(self, req: Request) -> bool:
+        return True
+
+    def unreserve(self, req: Request) -> None:
+        return None
+
+    def bind(self, req: Request, prefix_len: int) -> None:
+        return None
+
+    def ensure(self, req: Request, end: int) -> bool:
+        return True
+
+    def chunk_cap(self, req: Request) -> int | None:
+        return None
+
+    def after_step(self, req: Request, was_prefill: bool) -> None:
+        return None
+
+    def batch_slots(
+        self, reqs: Sequence[Request], rows: list[int], ends: list[int]
+    ) -> torch.Tensor | Sequence[int] | None:
+        return None
+
+    def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:
+        return None
+
+    def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
+        self.take_freed(out.refused.get(self.kind))
+
+    def rewrite_prefix(self, req: Request, handle: Any) -> None:
+        return None
+
+    def take_freed(self, value: Any) -> None:
+        return None
+
+    def reserve_fork(self, parent: Request) -> Any:
+        return True  # not None: nothing to take, nothing short
+
+    def unreserve_fork(self, held: Any) -> None:
+        return None
+
+    def bind_fork(self, parent: Request, child: Request, held: Any) -> None:
+        return None
+
+    def release(self, req: Request) -> None:
+        req.kv_kinds.pop(self.kind, None)
+
+    def census(self, running: Sequence[Request]) -> dict[str, int]:
+        raise NotImplementedError(f"the {self.kind} kind keeps no census")
+
+    def check(self, running: Sequence[Request]) -> None:
+        raise NotImplementedError(f"the {self.kind} kind has no check")
+
+
 @runtime_checkable
 class TierKind(Protocol):
     """The calls a tier load makes of a kind the host/storage tiers keep (a kind with a store in
