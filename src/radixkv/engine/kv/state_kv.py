@@ -67,7 +67,7 @@ def hold(req: Request) -> StateHold:
 
 def state_component(spec: PoolSpec) -> str | None:
     """The tree's STATE component (checkpoints) for a model of `spec`, if it has STATE layers."""
-    return STATE if spec.has_state else None
+    return STATE if STATE in spec else None
 
 
 def _owned(req: Request) -> list[int]:
