@@ -23,7 +23,7 @@ import numpy as np
 from radixkv.bench.engine_driver import drive
 from radixkv.bench.inputs import workloads as wl
 from radixkv.bench.inputs.tokens import id_source
-from radixkv.memory.hybrid import STATE, SWA
+from radixkv.memory.hybrid import FULL, STATE, SWA
 
 
 class _Sampler:
@@ -33,8 +33,8 @@ class _Sampler:
         self.engine = engine
         spec = engine.kv.comp.spec if engine.kv.comp is not None else None
         dtype = engine.pool.config.dtype
-        sizes: tuple[int, int] = spec.kv_bytes_per_token(dtype) if spec else (0, 0)
-        self.full_b, self.swa_b = sizes
+        self.full_b = spec.slot_bytes(FULL, dtype) if spec else 0
+        self.swa_b = spec.slot_bytes(SWA, dtype) if spec else 0
         state = engine.pools.state() if engine.pools is not None else None
         self.state_b = state.config.bytes_per_slot if state is not None else 0
         self.rows: list[tuple[int, int, int, int]] = []  # per request-step: full, swa, state, naive
@@ -170,7 +170,7 @@ def sizes_table(spec: Any) -> str:
     )
     lines = [head, "-" * len(head)]
     for dtype in (torch.bfloat16, torch.float32):
-        full_b, swa_b = spec.kv_bytes_per_token(dtype)
+        full_b, swa_b = spec.slot_bytes(FULL, dtype), spec.slot_bytes(SWA, dtype)
         for kw in SIZE_CONFIGS:
             cfg = EngineConfig(**kw)
             sizes = pool_sizes(cfg, spec, dtype)

@@ -22,8 +22,11 @@ from radixkv.memory.hybrid import (
     FULL,
     STATE,
     SWA,
+    KVGroupSpec,
+    LayerGroupSpec,
     ModelPools,
     PoolSpec,
+    StateGroupSpec,
     StateLayerSpec,
     StateTensorSpec,
 )
@@ -44,16 +47,14 @@ class ToyHybridConfig:
         return self.num_kv_heads * self.head_dim
 
     def pool_spec(self) -> PoolSpec:
-        n_swa = self.kinds.count("swa")
         state = StateLayerSpec((StateTensorSpec("h", (self.d,)),))
-        return PoolSpec(
-            num_full_layers=self.kinds.count("full"),
-            num_swa_layers=n_swa,
-            swa_window=self.window if n_swa else None,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            state_layers=(state,) * self.kinds.count("state"),
-        )
+        groups: dict[str, LayerGroupSpec] = {}
+        for kind, window in ((FULL, None), (SWA, self.window)):
+            if n := self.kinds.count(kind):
+                groups[kind] = KVGroupSpec(n, self.num_kv_heads, self.head_dim, window)
+        if n := self.kinds.count(STATE):
+            groups[STATE] = StateGroupSpec((state,) * n)
+        return PoolSpec(groups)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -166,8 +167,8 @@ def reference_greedy_hybrid(lm: ToyHybridLM, prompt: list[int], max_tokens: int)
             [slots],
             [n],
             kind_slots={
-                **({SWA: [slots]} if spec.has_swa else {}),
-                **({STATE: [0]} if spec.has_state else {}),
+                **({SWA: [slots]} if SWA in spec else {}),
+                **({STATE: [0]} if STATE in spec else {}),
             },
         )
         with torch.inference_mode():

@@ -10,10 +10,19 @@ import torch
 from radixkv.config import EngineConfig
 from radixkv.engine.kv.kinds import pool_sizes
 from radixkv.engine.kv.swa_kv import swa_demand
-from radixkv.memory.hybrid import FULL, STATE, SWA, PoolSpec, StateLayerSpec, StateTensorSpec
+from radixkv.memory.hybrid import (
+    FULL,
+    STATE,
+    SWA,
+    KVGroupSpec,
+    PoolSpec,
+    StateGroupSpec,
+    StateLayerSpec,
+    StateTensorSpec,
+)
 
 # Gemma 3 270M's shape: 3 global layers, 15 sliding ones (window 512), 1 KV head of 256.
-GEMMA = PoolSpec(3, 15, 512, 1, 256)
+GEMMA = PoolSpec({FULL: KVGroupSpec(3, 1, 256), SWA: KVGroupSpec(15, 1, 256, window=512)})
 
 
 def hybrid_sizes(cfg: EngineConfig, spec: PoolSpec, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -39,7 +48,7 @@ def test_swa_demand_is_the_stated_rule(ps: int, running: int, chunk: int) -> Non
 def test_budget_gives_full_what_swa_does_not_take() -> None:
     cfg = EngineConfig(page_size=16)
     full, swa, _ = hybrid_sizes(cfg, GEMMA, torch.bfloat16)
-    full_b, swa_b = GEMMA.kv_bytes_per_token(torch.bfloat16)
+    full_b, swa_b = GEMMA.slot_bytes(FULL, torch.bfloat16), GEMMA.slot_bytes(SWA, torch.bfloat16)
     budget = cfg.cache.kv_cache_bytes
     even = budget // (full_b + swa_b) // 16 * 16
     assert swa == swa_demand(512, 16, 32, 2048) < even < full
@@ -70,11 +79,11 @@ def test_explicit_sizes_win_and_the_pool_stays_within_bounds() -> None:
 
 
 def test_models_without_full_or_swa_keep_their_old_sizes() -> None:
-    all_sliding = PoolSpec(0, 4, 64, 2, 16)
+    all_sliding = PoolSpec({SWA: KVGroupSpec(4, 2, 16, window=64)})
     cfg = EngineConfig(num_slots=1024, chunked_prefill_size=256)
     assert hybrid_sizes(cfg, all_sliding, torch.float32)[1] == 1024  # all the KV there is
     state = StateLayerSpec((StateTensorSpec("h", (8,)),))
-    full_state = PoolSpec(2, 0, None, 2, 16, (state,))
+    full_state = PoolSpec({FULL: KVGroupSpec(2, 2, 16), STATE: StateGroupSpec((state,))})
     assert pool_sizes(EngineConfig(num_slots=1024), full_state, torch.float32) == {
         FULL: 1024,
         STATE: 96,

@@ -1,53 +1,92 @@
 """A new kind of KV memory is its own module plus one registry line (issue 36, step 1).
 
 `Scratch` below is a test-only kind, the shape of an encoder cache: each running request holds one
-slot of its own pool for its whole life, a fork gets a copy, the tree never sees it. It is
-registered with one line (`KINDS[SCRATCH] = Kind(ScratchMemory)`: no tier store, no tree
-component) and then driven through the real KV manager and the hybrid coordinator next to a STATE
-kind: admission, prefill, decode, a fork, the tree's insert and release, with every census checked
-after each call. Nothing else is changed for it: the KV manager and `ComponentMemory` iterate the
-kinds they are given. The tiers need nothing of it either: a kind the tree never sees has no tier
-store, and a prefix evicted from the device comes
-back from the host tier (FULL pages and a STATE checkpoint) for a request that holds a scratch slot.
+slot of its own pool for its whole life, a fork gets a copy, the tree never sees it. Everything
+it is lives in this file, as a new kind's module would hold it: what its layers keep
+(`ScratchGroupSpec`, a layer group a model config puts in its `PoolSpec`), how its pool is sized
+(`ScratchSizing`: one slot per running request) and its memory (`ScratchMemory`). It is
+registered with one line (`KINDS[SCRATCH] = Kind(ScratchMemory, ScratchSizing())`: no tier store,
+no tree component); then the engine's own memory factory (`build_memory`) sizes its pool
+(`pool_sizes`), makes it (`PoolSpec.make_pools`) and wires it into the real KV manager and the
+hybrid coordinator next to a STATE kind, which drive it through admission, prefill, decode, a
+fork, the tree's insert and release, with every census checked after each call. Nothing in src
+is changed for it. The tiers need nothing of it either: a kind the tree never sees has no tier
+store, and a prefix evicted from the device comes back from the host tier (FULL pages and a STATE
+checkpoint) for a request that holds a scratch slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from radixkv.cache import HybridCache
 from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
+from radixkv.config import EngineConfig
 from radixkv.engine.kv.components_kv import ComponentMemory
 from radixkv.engine.kv.kind_memory import KindSetup
-from radixkv.engine.kv.kinds import KINDS, Kind, tier_stores
+from radixkv.engine.kv.kind_sizing import SizeContext
+from radixkv.engine.kv.kinds import KINDS, Kind, pool_sizes
 from radixkv.engine.kv.kv_manager import KVManager
+from radixkv.engine.kv.memory_factory import build_memory
 from radixkv.engine.request import Request
-from radixkv.engine.tiers.kind_store import StoreSetup
 from radixkv.engine.tiers.manager import TierManager
-from radixkv.engine.tiers.tier_setup import make_stores
 from radixkv.engine.types import RequestOptions, SamplingParams
 from radixkv.memory.allocator import PageAllocator
 from radixkv.memory.hybrid import (
     FULL,
     STATE,
+    KVGroupSpec,
     ModelPools,
     PoolSpec,
+    StateGroupSpec,
     StateLayerSpec,
     StateTensorSpec,
 )
 from radixkv.memory.pool import KVPool, KVPoolConfig
-from radixkv.memory.req_table import ReqToTokenTable
 
 SCRATCH = "scratch"
 PS = 4
 
 
 # -- the test-only kind: what a new kind's module holds ---------------------------------------
+@dataclass(frozen=True)
+class ScratchGroupSpec:
+    """What the scratch layers keep (a `LayerGroupSpec`): one value per layer per slot."""
+
+    num_layers: int = 1
+
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        return self.num_layers * torch.empty((), dtype=dtype).element_size()
+
+    def make_pool(self, num_slots: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+        return torch.zeros(num_slots, self.num_layers, dtype=dtype, device=device)
+
+
+class ScratchSizing:
+    """Its pool (a `KindSizing`): one slot per running request, outside the KV byte budget."""
+
+    budgeted = False
+
+    def slot_bytes(self, ctx: SizeContext) -> int:
+        return ctx.spec.slot_bytes(SCRATCH, ctx.dtype)
+
+    def explicit(self, cfg: EngineConfig) -> int | None:
+        return None
+
+    def demand(self, ctx: SizeContext) -> int | None:
+        return ctx.max_running
+
+    def settle(self, n: int, ctx: SizeContext, explicit: bool) -> int:
+        if n < 1:
+            raise ValueError("the scratch pool needs a slot")
+        return n
+
+
 @dataclass
 class ScratchHold:
     slot: int = -1
@@ -144,24 +183,58 @@ def _request(rid: str, prompt: list[int]) -> Request:
     return Request(rid, prompt, SamplingParams(), RequestOptions(), stream, None)
 
 
-def _memory(
-    monkeypatch: pytest.MonkeyPatch, scratch_slots: int, host_tier: bool = False
-) -> tuple[KVManager, Any]:
-    monkeypatch.setitem(KINDS, SCRATCH, Kind(ScratchMemory))  # the one registry line
-    state = StateLayerSpec((StateTensorSpec("h", (2,)),))
-    spec = PoolSpec(1, 0, None, 1, 2, (state,))
-    pools = spec.make_pools({FULL: 64, STATE: 8})
-    pools = ModelPools({**{k: pools[k] for k in pools.kinds}, SCRATCH: torch.zeros(scratch_slots)})
-    allocator = PageAllocator(64, PS)
-    table = ReqToTokenTable(4, 64)
-    tree = HybridCache(ComponentMemory.components_of(spec), PS)
-    comp = ComponentMemory(spec, pools, allocator, PS, 4, 64, "cpu", tree, 8)
-    tiers = None
-    if host_tier:  # L2 as the engine builds it: a store for each kind the registry names
-        stores = make_stores(pools, StoreSetup(spec, PS, 1.0, 8, "fp"), tier_stores())
-        assert [s.kind for s in stores] == [STATE]  # the scratch kind has none
-        tiers = TierManager(pools[FULL], PS, 16, "write_through", "fp", stores=stores)
-    return KVManager(allocator, table, None, comp, tiers), pools[SCRATCH]
+@dataclass(frozen=True)
+class ScratchModelConfig:
+    """A model config that declares a scratch layer beside a FULL and a STATE layer: all a
+    model family adds to name a new kind of layer is its group in `pool_spec`."""
+
+    def pool_spec(self) -> PoolSpec:
+        state = StateLayerSpec((StateTensorSpec("h", (2,)),))
+        return PoolSpec(
+            {
+                FULL: KVGroupSpec(1, 1, 2),
+                STATE: StateGroupSpec((state,)),
+                SCRATCH: ScratchGroupSpec(),
+            }
+        )
+
+
+def _config(host_tier: bool = False) -> EngineConfig:
+    return EngineConfig(
+        num_slots=64,
+        page_size=PS,
+        max_running_requests=2,  # so the scratch kind's default pool is 2 slots
+        state_num_slots=8,
+        state_checkpoint_interval=8,
+        chunked_prefill_size=64,
+        enable_hierarchical_cache=host_tier,  # L2 as the engine builds it
+    )
+
+
+def _memory(monkeypatch: pytest.MonkeyPatch, host_tier: bool = False) -> tuple[KVManager, Any]:
+    """The engine's memory for a model with a scratch layer: its factory, unchanged."""
+    monkeypatch.setitem(KINDS, SCRATCH, Kind(ScratchMemory, ScratchSizing()))  # the one line
+    lm = SimpleNamespace(config=ScratchModelConfig(), model=SimpleNamespace())
+    memory = build_memory(_config(host_tier), lm, torch.float32, "cpu", max_model_len=64)
+    assert memory.pools is not None
+    return memory.kv, memory.pools[SCRATCH]
+
+
+def test_a_test_only_kind_is_sized_and_made_from_its_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registry's sizing sizes the scratch pool, the kind's group spec makes it; without
+    its registry line the kind has no sizing and is refused."""
+    spec = ScratchModelConfig().pool_spec()
+    with pytest.raises(ValueError, match=r"no sizing registered for KV kind 'scratch'"):
+        pool_sizes(_config(), spec, torch.float32)
+    monkeypatch.setitem(KINDS, SCRATCH, Kind(ScratchMemory, ScratchSizing()))
+    sizes = pool_sizes(_config(), spec, torch.float32)
+    assert sizes == {FULL: 64, STATE: 8, SCRATCH: 2}
+    assert spec.slot_bytes(SCRATCH, torch.bfloat16) == 2
+    pools = spec.make_pools(sizes, torch.bfloat16)
+    assert pools.kinds == (FULL, STATE, SCRATCH)
+    assert pools[SCRATCH].shape == (2, 1) and pools[SCRATCH].dtype == torch.bfloat16
 
 
 def _admit(kv: KVManager, req: Request) -> bool:
@@ -183,7 +256,7 @@ def _prefill(kv: KVManager, req: Request, running: list[Request]) -> int:
 
 
 def test_a_test_only_kind_rides_the_one_memory_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    kv, scratch = _memory(monkeypatch, scratch_slots=2)
+    kv, scratch = _memory(monkeypatch)
     comp = kv.comp
     assert isinstance(comp, ComponentMemory) and list(comp.kinds) == [STATE, SCRATCH]
     a = _request("a", list(range(10, 23)))
@@ -220,7 +293,7 @@ def test_a_test_only_kind_rides_the_one_memory_path(monkeypatch: pytest.MonkeyPa
 
 
 def test_an_unregistered_kind_is_refused() -> None:
-    spec = PoolSpec(1, 0, None, 1, 2)
+    spec = PoolSpec({FULL: KVGroupSpec(1, 1, 2)})
     full = KVPool(KVPoolConfig(1, 1, 2, 16))
     pools = ModelPools({FULL: full, "mla": torch.zeros(4)})
     with pytest.raises(ValueError, match=r"no memory registered.*mla"):
@@ -234,9 +307,10 @@ def test_a_prefix_comes_back_from_the_host_tier_next_to_a_test_only_kind(
     pages and STATE checkpoints reach L2; evicted from the device (and the device's state values
     lost), they load back for the same prompt, whose working state is the checkpoint's and which
     gets its scratch slot as any request; every census (device, kinds, host) balances."""
-    kv, _ = _memory(monkeypatch, scratch_slots=2, host_tier=True)
+    kv, _ = _memory(monkeypatch, host_tier=True)
     comp, tiers = kv.comp, kv.tiers
     assert isinstance(comp, ComponentMemory) and isinstance(tiers, TierManager)
+    assert list(tiers.stores) == [STATE]  # a store for each kind the registry names one for
     state = comp.pools[STATE].tensors[0]["h"]
     prompt = list(range(10, 23))  # 12 tokens prefilled: checkpoints at 4, 8 and 12
     a = _request("a", prompt)

@@ -36,8 +36,10 @@ from radixkv.memory.hybrid import (
     FULL,
     STATE,
     SWA,
+    KVGroupSpec,
     ModelPools,
     PoolSpec,
+    StateGroupSpec,
     StateLayerSpec,
     StateTensorSpec,
 )
@@ -108,7 +110,13 @@ class MarkMemory(KindMemoryBase):
 def _memory(monkeypatch: pytest.MonkeyPatch, marks: int) -> tuple[KVManager, ComponentMemory]:
     monkeypatch.setitem(KINDS, MARK, Kind(MarkMemory, tree=mark_component))  # the one line
     state = StateLayerSpec((StateTensorSpec("h", (2,)),))
-    spec = PoolSpec(1, 1, 8, 1, 2, (state,))
+    spec = PoolSpec(
+        {
+            FULL: KVGroupSpec(1, 1, 2),
+            SWA: KVGroupSpec(1, 1, 2, window=8),
+            STATE: StateGroupSpec((state,)),
+        }
+    )
     made = spec.make_pools({FULL: 64, SWA: 64, STATE: 16})
     pools = ModelPools({**{k: made[k] for k in made.kinds}, MARK: torch.zeros(marks)})
     allocator = PageAllocator(64, PS)

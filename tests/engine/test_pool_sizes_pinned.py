@@ -15,7 +15,7 @@ import torch
 
 from radixkv.config import EngineConfig
 from radixkv.engine.kv.kinds import pool_sizes
-from radixkv.memory.hybrid import FULL, STATE, SWA, PoolSpec
+from radixkv.memory.hybrid import FULL, STATE, SWA, KVGroupSpec, PoolSpec
 from radixkv.model.registry import load_config
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -98,7 +98,8 @@ PINNED: dict[tuple[str, str], tuple[Sizes, Sizes]] = {
 def specs(tiny_model_dir: Callable[..., Path]) -> dict[str, PoolSpec]:
     archs = ("gemma3", "lfm2", "qwen3_5", "mistral")
     out = {arch: load_config(tiny_model_dir(arch)).pool_spec() for arch in archs}
-    out["gemma3_270m"] = PoolSpec(3, 15, 512, 1, 256)  # 3 global layers, 15 sliding (W 512)
+    # 3 global layers, 15 sliding (W 512), 1 KV head of 256
+    out["gemma3_270m"] = PoolSpec({FULL: KVGroupSpec(3, 1, 256), SWA: KVGroupSpec(15, 1, 256, 512)})
     return out
 
 

@@ -13,8 +13,10 @@ from radixkv.memory.hybrid import (
     FULL,
     STATE,
     SWA,
+    KVGroupSpec,
     ModelPools,
     PoolSpec,
+    StateGroupSpec,
     StateLayerSpec,
     StatePool,
     StateTensorSpec,
@@ -48,10 +50,9 @@ def test_llama_family_components() -> None:
     mistral = LlamaConfig.from_dict(
         {**base, "architectures": ["MistralForCausalLM"], "sliding_window": 8}
     )
-    spec = mistral.pool_spec()
-    assert (spec.num_full_layers, spec.num_swa_layers, spec.swa_window) == (0, 2, 8)
+    assert mistral.pool_spec() == PoolSpec({SWA: KVGroupSpec(2, 4, 16, window=8)})
     llama = LlamaConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]})
-    assert llama.pool_spec().num_full_layers == 2 and not llama.pool_spec().has_swa
+    assert llama.pool_spec() == PoolSpec({FULL: KVGroupSpec(2, 4, 16)})
     # Qwen2 mixing full and windowed layers stays FULL-only (the window is applied by attention).
     qwen2 = LlamaConfig.from_dict(
         {
@@ -62,34 +63,65 @@ def test_llama_family_components() -> None:
             "max_window_layers": 1,
         }
     )
-    assert qwen2.layer_windows == (None, 8) and qwen2.pool_spec().num_full_layers == 2
+    assert qwen2.layer_windows == (None, 8) and qwen2.pool_spec() == llama.pool_spec()
     with pytest.raises(UnsupportedArchitectureError, match="Gemma3ForCausalLM"):
         LlamaConfig.from_dict({**base, "architectures": ["Phi3ForCausalLM"]})
 
 
 def test_family_pool_specs(tiny_model_dir: Callable[..., Path]) -> None:
     gemma = load_config(tiny_model_dir("gemma3")).pool_spec()
-    assert (gemma.num_full_layers, gemma.num_swa_layers, gemma.swa_window) == (1, 3, 8)
-    assert gemma.kv_bytes_per_token(torch.float32) == (2 * 2 * 16 * 4, 3 * 2 * 2 * 16 * 4)
+    assert gemma == PoolSpec({FULL: KVGroupSpec(1, 2, 16), SWA: KVGroupSpec(3, 2, 16, window=8)})
+    assert gemma.window(SWA) == 8 and gemma.window(FULL) is None and gemma.window(STATE) is None
+    assert gemma.attention_kinds == (FULL, SWA)
+    f32 = torch.float32
+    assert gemma.slot_bytes(FULL, f32) == 2 * 2 * 16 * 4  # K and V, 2 heads of 16, float32
+    assert gemma.slot_bytes(SWA, f32) == 3 * 2 * 2 * 16 * 4  # 3 sliding layers
+    assert gemma.slot_bytes(STATE, f32) == 0  # a kind the model has no layers of
     qwen = load_config(tiny_model_dir("qwen3_5"))
     spec = qwen.pool_spec()
-    assert (spec.num_full_layers, spec.num_swa_layers, len(spec.state_layers)) == (1, 0, 2)
-    conv, rec = spec.state_layers[0].tensors
+    assert spec.kinds == (FULL, STATE) and spec.attention_kinds == (FULL,)
+    assert spec[FULL].num_layers == 1 and spec[STATE].num_layers == 2
+    state = spec[STATE]
+    assert isinstance(state, StateGroupSpec)
+    conv, rec = state.layers[0].tensors
     assert conv.shape == (2 * 2 * 16 + 4 * 16, 3) and rec.shape == (4, 16, 16)
     assert rec.dtype == torch.float32  # recurrent state accumulates: pinned to float32
     per_layer = (128 * 3) * 2 + 4 * 16 * 16 * 4  # conv in bf16, recurrent in f32
-    assert spec.state_bytes_per_slot(torch.bfloat16) == 2 * per_layer
+    assert spec.slot_bytes(STATE, torch.bfloat16) == 2 * per_layer
     lfm = load_config(tiny_model_dir("lfm2")).pool_spec()
-    assert lfm.num_full_layers == 1 and lfm.state_layers[0].tensors[0].shape == (64, 2)
+    lfm_state = lfm[STATE]
+    assert isinstance(lfm_state, StateGroupSpec) and lfm[FULL].num_layers == 1
+    assert lfm_state.layers[0].tensors[0].shape == (64, 2)
+
+
+def test_pool_spec_is_a_map_of_layer_groups() -> None:
+    """`PoolSpec` is what each kind's group says: no kind is named by it, a group without
+    layers is refused, pools come out in the groups' order and of each group's shape."""
+    state = StateGroupSpec((StateLayerSpec((StateTensorSpec("h", (3,)),)),))
+    spec = PoolSpec({STATE: state, FULL: KVGroupSpec(2, 1, 4)})  # the order is the caller's
+    assert spec.kinds == (STATE, FULL) and STATE in spec and SWA not in spec
+    assert spec.get(SWA) is None and spec[STATE] is state
+    pools = spec.make_pools({FULL: 8, STATE: 3, SWA: 99})  # a size for a kind it lacks: ignored
+    assert pools.kinds == (STATE, FULL)
+    full, st = pools.kv(FULL), pools.state()
+    assert full is not None and st is not None
+    assert len(full.k) == 2 and full.k[0].shape == (8, 1, 4) and st.tensors[0]["h"].shape == (3, 3)
+    assert spec.slot_bytes(FULL, torch.float32) == full.config.bytes_per_slot == 2 * 2 * 4 * 4
+    assert spec.slot_bytes(STATE, torch.float32) == st.config.bytes_per_slot == 3 * 4
+    with pytest.raises(ValueError, match="no pool size"):
+        spec.make_pools({FULL: 8})
+    with pytest.raises(ValueError, match="no layers"):
+        PoolSpec({FULL: KVGroupSpec(2, 1, 4), SWA: KVGroupSpec(0, 1, 4, window=8)})
+    with pytest.raises(ValueError, match="window must be positive"):
+        KVGroupSpec(1, 1, 4, window=0)
 
 
 def test_state_pool_copy_clear() -> None:
     layer = StateLayerSpec(
         (StateTensorSpec("a", (2, 3)), StateTensorSpec("b", (4,), torch.float32))
     )
-    pool = StatePool(
-        PoolSpec(1, 0, None, 1, 4, (layer, layer)).state_pool_config(5, torch.bfloat16)
-    )
+    pool = StateGroupSpec((layer, layer)).make_pool(5, torch.bfloat16, "cpu")
+    assert isinstance(pool, StatePool)
     assert (
         pool.tensors[0]["a"].dtype == torch.bfloat16 and pool.tensors[1]["b"].dtype == torch.float32
     )
@@ -168,6 +200,6 @@ def test_qwen3_next_layout(tiny_model_dir: Callable[..., Path]) -> None:
     lm = load_model(tiny_model_dir("qwen3_next"))  # raises if a checkpoint tensor went unused
     mlps = [type(layer.mlp) for layer in lm.model.layers]
     assert mlps == [SparseMoE, SparseMoE, GatedMLP]
-    assert (
-        lm.config.pool_spec().num_full_layers == 1 and len(lm.config.pool_spec().state_layers) == 2
-    )
+    spec = lm.config.pool_spec()
+    assert spec.kinds == (FULL, STATE) and spec[FULL].num_layers == 1
+    assert spec[STATE].num_layers == 2

@@ -50,9 +50,10 @@ def test_bench_hybrid_runs_both_modes_on_a_toy() -> None:
 
 
 def test_sizes_table_shows_the_demand_sized_swa_pool() -> None:
-    from radixkv.memory.hybrid import PoolSpec
+    from radixkv.memory.hybrid import FULL, SWA, KVGroupSpec, PoolSpec
 
-    text = sizes_table(PoolSpec(3, 15, 512, 1, 256))  # Gemma 3 270M's shape
+    gemma = PoolSpec({FULL: KVGroupSpec(3, 1, 256), SWA: KVGroupSpec(15, 1, 256, window=512)})
+    text = sizes_table(gemma)  # Gemma 3 270M's shape
     rows = {line[:40].split()[0] + " " + line[10:38].strip(): line for line in text.splitlines()}
     assert rows["bfloat16 defaults"].split()[-1] == "2.12x"  # FULL grows by what SWA leaves
     assert rows["float32 defaults"].split()[-1] == "1.00x"  # demand above the even split

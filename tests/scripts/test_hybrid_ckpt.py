@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from radixkv.memory.hybrid import FULL, SWA
 from radixkv.model import load_model
 from radixkv.model.hybrid_simple import greedy_generate_hybrid
 from scripts.hybrid_ckpt import build, count_parameters, main
@@ -30,7 +31,7 @@ def test_build_loads(tmp_path: Path, default_model_dir: Path) -> None:
     assert info["layer_types"].count("full_attention") == 1
     lm = load_model(info["path"])
     spec = lm.config.pool_spec()
-    assert (spec.num_full_layers, spec.num_swa_layers, spec.swa_window) == (1, 5, 16)
+    assert (spec[FULL].num_layers, spec[SWA].num_layers, spec.window(SWA)) == (1, 5, 16)
     assert lm.tokenizer.encode("hello") and len(greedy_generate_hybrid(lm, [5, 6, 7], 3)) >= 1
     with pytest.raises(SystemExit):
         main(["--family", "nope", "--out", str(tmp_path / "x")])

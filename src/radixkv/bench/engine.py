@@ -168,8 +168,8 @@ def _model_forward_s(lm: Any, engine: Any, prefix: int, suffix: int, repeats: in
             [slots],
             [suffix],
             kind_slots={
-                **({SWA: [slots]} if spec.has_swa else {}),
-                **({STATE: [0]} if spec.has_state else {}),
+                **({SWA: [slots]} if SWA in spec else {}),
+                **({STATE: [0]} if STATE in spec else {}),
             },
         )
     times = []

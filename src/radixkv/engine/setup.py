@@ -16,6 +16,7 @@ from radixkv.cache.base import PrefixCache
 from radixkv.cache.hybrid.components import Components, HybridPrefixCache
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.types import SamplingParams
+from radixkv.memory.hybrid import FULL, SWA
 from radixkv.memory.pool import KVPoolConfig
 
 if TYPE_CHECKING:
@@ -131,16 +132,16 @@ def make_hybrid_cache(cfg: CacheConfig, components: Components) -> HybridPrefixC
 
 
 def hybrid_spec(model_config: Any, cfg: EngineConfig | None = None) -> Any:
-    """The model's PoolSpec when it needs SWA or STATE pools, else None (FULL-only path).
+    """The model's PoolSpec when it has a kind of memory besides FULL, else None (FULL-only).
 
     A model without FULL layers (Mistral: every layer sliding) still gets a FULL allocator and
     FULL slots in the tree, but over a pool of zero layers: they are token bookkeeping only (the
     tree's leaf-first eviction and the request table run on them), the K/V lives in SWA."""
     get = getattr(model_config, "pool_spec", None)
     spec = get() if callable(get) else None
-    if spec is None or not (spec.has_swa or spec.has_state):
+    if spec is None or not set(spec.kinds) - {FULL}:
         return None
-    if cfg is not None and cfg.cache.kind != "radix" and not spec.has_full and not spec.has_state:
+    if cfg is not None and cfg.cache.kind != "radix" and spec.kinds == (SWA,):
         # An all-sliding model with a cache that has no components (blockhash): the old path,
         # every layer's K/V in one FULL pool with the window applied by attention.
         return None

@@ -1,13 +1,18 @@
-"""Pools of a hybrid model: which components it needs (`PoolSpec`) and their tensors (`ModelPools`).
+"""Pools of a model by kind: what each kind of layer keeps (`PoolSpec`, a layer group spec per
+kind) and their tensors (`ModelPools`).
 
-A hybrid model has up to three kinds of layers, each with its own memory component:
-- FULL attention layers keep K/V for every token, in a `KVPool` over only those layers;
+Each kind of layer keeps its own memory, described by its group spec (vLLM v1's per-layer KV
+cache specs are the model):
+- FULL attention layers keep K/V for every token, in a `KVPool` over only those layers
+  (`KVGroupSpec`, no window);
 - SWA (sliding-window) layers keep K/V too, in a second `KVPool` over only those layers, with their
-  own slot numbering (a request needs only the last W tokens there);
+  own slot numbering (a request needs only the last W tokens there; `KVGroupSpec` with a window);
 - STATE layers (gated DeltaNet recurrent + conv state, LFM2 short-conv state) keep a fixed-size
-  state per sequence, in a `StatePool`: one slot holds the state of ALL state layers of one
-  sequence at one boundary. Working states of running requests and cached checkpoints are slots
-  of the same pool; copy-on-write is done by copying whole slots (`copy_state`).
+  state per sequence, in a `StatePool` (`StateGroupSpec`): one slot holds the state of ALL state
+  layers of one sequence at one boundary. Working states of running requests and cached
+  checkpoints are slots of the same pool; copy-on-write is done by copying whole slots.
+A new kind of layer is a new group spec class (`LayerGroupSpec`): `PoolSpec` sizes slots and makes
+pools through it and never names a kind.
 
 `ModelPools` is keyed by kind (`FULL`, `SWA`, `STATE`, the names every layer of the engine keys
 its per-kind data by). These are tensor owners only; which slot belongs to whom is the
@@ -17,8 +22,9 @@ allocators' and the tree's business.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import torch
 
@@ -168,76 +174,120 @@ class ModelPools:
         return pool
 
 
+class LayerGroupSpec(Protocol):
+    """What the layers of one kind keep, as one pool (vLLM v1's per-layer KV cache specs are
+    the model): how many layers, the bytes of one slot, and the pool itself. A kind's group spec
+    is all `PoolSpec` knows of it, so a new kind of layer is a new class of this shape."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of one slot of this group's pool, every layer of the group."""
+
+    def make_pool(self, num_slots: int, dtype: torch.dtype, device: str) -> Any:
+        """This group's pool of `num_slots` slots (`dtype`: the model's)."""
+
+
 @dataclass(frozen=True)
-class PoolSpec:
-    """Which components a model needs, and their shapes (per slot).
+class KVGroupSpec:
+    """Attention layers that keep K/V per token (FULL: every token; SWA: the last `window`)."""
 
-    FULL pool layer j = the model's j-th full-attention layer; SWA pool layer j = its j-th sliding
-    layer; state layer j = its j-th state layer. FULL and SWA share K/V heads and head_dim."""
-
-    num_full_layers: int
-    num_swa_layers: int
-    swa_window: int | None
+    num_layers: int
     num_kv_heads: int
     head_dim: int
-    state_layers: tuple[StateLayerSpec, ...] = ()
+    window: int | None = None  # None: full causal attention
 
     def __post_init__(self) -> None:
-        if (self.swa_window is None) != (self.num_swa_layers == 0):
-            raise ValueError("swa_window must be set iff there are SWA layers")
+        if self.window is not None and self.window <= 0:
+            raise ValueError(f"an attention window must be positive (got {self.window})")
+
+    def pool_config(
+        self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> KVPoolConfig:
+        return KVPoolConfig(
+            self.num_layers, self.num_kv_heads, self.head_dim, num_slots, dtype, device
+        )
+
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        """A token's K and V in every layer of the group."""
+        return self.pool_config(0, dtype).bytes_per_slot
+
+    def make_pool(self, num_slots: int, dtype: torch.dtype, device: str) -> KVPool:
+        return KVPool(self.pool_config(num_slots, dtype, device))
+
+
+@dataclass(frozen=True)
+class StateGroupSpec:
+    """Recurrent layers that keep a fixed-size state per sequence: one slot holds the state of
+    every layer of the group (layer j = the model's j-th state layer)."""
+
+    layers: tuple[StateLayerSpec, ...]
 
     @property
-    def has_full(self) -> bool:
-        return self.num_full_layers > 0
+    def num_layers(self) -> int:
+        return len(self.layers)
 
-    @property
-    def has_swa(self) -> bool:
-        return self.num_swa_layers > 0
-
-    @property
-    def has_state(self) -> bool:
-        return len(self.state_layers) > 0
-
-    def _kv(self, layers: int, num_slots: int, dtype: torch.dtype, device: str) -> KVPoolConfig:
-        return KVPoolConfig(layers, self.num_kv_heads, self.head_dim, num_slots, dtype, device)
-
-    def full_pool_config(
+    def pool_config(
         self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
-    ) -> KVPoolConfig | None:
-        return self._kv(self.num_full_layers, num_slots, dtype, device) if self.has_full else None
+    ) -> StatePoolConfig:
+        return StatePoolConfig(self.layers, num_slots, dtype, device)
 
-    def swa_pool_config(
-        self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
-    ) -> KVPoolConfig | None:
-        return self._kv(self.num_swa_layers, num_slots, dtype, device) if self.has_swa else None
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        """A sequence's whole state, every layer of the group."""
+        return self.pool_config(0, dtype).bytes_per_slot
 
-    def state_pool_config(
-        self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
-    ) -> StatePoolConfig | None:
-        if not self.has_state:
-            return None
-        return StatePoolConfig(self.state_layers, num_slots, dtype, device)
+    def make_pool(self, num_slots: int, dtype: torch.dtype, device: str) -> StatePool:
+        return StatePool(self.pool_config(num_slots, dtype, device))
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The kinds a model keeps memory of, each with its layer group (`groups`: kind -> spec, in
+    kind order, e.g. FULL, SWA, STATE); layer j of a kind's pool is the model's j-th layer of
+    that kind. Only kinds the model has layers of are here (a FULL-less model has no FULL group;
+    the engine gives it zero-layer bookkeeping slots). Nothing here names a kind: a model config
+    declares a new kind of layer by adding its group (`ModelConfig.layer_groups`)."""
+
+    groups: Mapping[str, LayerGroupSpec]
+    # derived once (every forward reads it): the kinds with a `KVGroupSpec`
+    attention_kinds: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        groups = dict(self.groups)
+        empty = [kind for kind, g in groups.items() if g.num_layers <= 0]
+        if empty:
+            raise ValueError(f"layer group(s) {empty} have no layers (leave the kind out)")
+        object.__setattr__(self, "groups", MappingProxyType(groups))
+        attention = tuple(k for k, g in groups.items() if isinstance(g, KVGroupSpec))
+        object.__setattr__(self, "attention_kinds", attention)
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The kinds this model has layers of, in the order FULL, SWA, STATE."""
-        has = {FULL: self.has_full, SWA: self.has_swa, STATE: self.has_state}
-        return tuple(kind for kind, yes in has.items() if yes)
+        """The kinds this model has layers of, in the groups' order (`attention_kinds`: those
+        whose layers keep K/V per token, a `KVGroupSpec`)."""
+        return tuple(self.groups)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self.groups
+
+    def __getitem__(self, kind: str) -> LayerGroupSpec:
+        return self.groups[kind]
+
+    def get(self, kind: str) -> LayerGroupSpec | None:
+        return self.groups.get(kind)
+
+    def window(self, kind: str) -> int | None:
+        """The window of attention kind `kind`'s layers (None: full attention, or no such
+        kind)."""
+        group = self.groups.get(kind)
+        return group.window if isinstance(group, KVGroupSpec) else None
 
     def slot_bytes(self, kind: str, dtype: torch.dtype) -> int:
-        """Bytes of one slot of `kind`'s pool: a token of every layer of that kind (FULL, SWA),
-        a sequence's whole state (STATE); 0 for a kind the model has no layers of."""
-        if kind == STATE:
-            return self.state_bytes_per_slot(dtype)
-        layers = {FULL: self.num_full_layers, SWA: self.num_swa_layers}[kind]
-        return 2 * self.num_kv_heads * self.head_dim * _elem(dtype) * layers
-
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> tuple[int, int]:
-        """(FULL, SWA) bytes of one token slot."""
-        return self.slot_bytes(FULL, dtype), self.slot_bytes(SWA, dtype)
-
-    def state_bytes_per_slot(self, dtype: torch.dtype) -> int:
-        return StatePoolConfig(self.state_layers, 0, dtype).bytes_per_slot
+        """Bytes of one slot of `kind`'s pool (a token of every layer of an attention kind, a
+        sequence's whole state of a state kind); 0 for a kind the model has no layers of."""
+        group = self.groups.get(kind)
+        return 0 if group is None else group.slot_bytes(dtype)
 
     def make_pools(
         self,
@@ -250,13 +300,6 @@ class PoolSpec:
         missing = [k for k in self.kinds if k not in sizes]
         if missing:
             raise ValueError(f"no pool size for kind(s) {missing}")
-        pools: dict[str, Any] = {}
-        for kind in self.kinds:
-            if kind == STATE:
-                pools[kind] = StatePool(
-                    StatePoolConfig(self.state_layers, sizes[kind], dtype, device)
-                )
-            else:
-                layers = self.num_full_layers if kind == FULL else self.num_swa_layers
-                pools[kind] = KVPool(self._kv(layers, sizes[kind], dtype, device))
-        return ModelPools(pools)
+        return ModelPools(
+            {kind: g.make_pool(sizes[kind], dtype, device) for kind, g in self.groups.items()}
+        )

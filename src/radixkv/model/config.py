@@ -21,7 +21,16 @@ from typing import Any
 
 import torch
 
-from radixkv.memory.hybrid import PoolSpec, StateLayerSpec
+from radixkv.memory.hybrid import (
+    FULL,
+    STATE,
+    SWA,
+    KVGroupSpec,
+    LayerGroupSpec,
+    PoolSpec,
+    StateGroupSpec,
+    StateLayerSpec,
+)
 from radixkv.memory.pool import KVPoolConfig
 from radixkv.model.registry import LLAMA_ARCHITECTURES as LLAMA_ARCHITECTURES
 from radixkv.model.registry import UnsupportedArchitectureError as UnsupportedArchitectureError
@@ -133,17 +142,20 @@ class ModelConfig:
         """Final logit soft-capping: cap * tanh(logits / cap) (None: none)."""
         return None
 
+    def layer_groups(self) -> dict[str, LayerGroupSpec]:
+        """Kind -> what this model's layers of that kind keep, for each kind it has layers of
+        (FULL and SWA attention, STATE); a family with a new kind of layer adds its group."""
+        groups: dict[str, LayerGroupSpec] = {}
+        for kind, window in ((FULL, None), (SWA, self.sliding_window)):
+            if n := self.count(kind):
+                groups[kind] = KVGroupSpec(n, self.num_kv_heads, self.head_dim, window)
+        if states := self.state_layer_specs():
+            groups[STATE] = StateGroupSpec(states)
+        return groups
+
     def pool_spec(self) -> PoolSpec:
-        """The components (and shapes) this model reads and writes."""
-        has_swa = self.count("swa") > 0
-        return PoolSpec(
-            num_full_layers=self.count("full"),
-            num_swa_layers=self.count("swa"),
-            swa_window=self.sliding_window if has_swa else None,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            state_layers=self.state_layer_specs(),
-        )
+        """The kinds (and shapes) of memory this model reads and writes."""
+        return PoolSpec(self.layer_groups())
 
     def pool_config(
         self, num_slots: int, dtype: torch.dtype = torch.float32, device: str = "cpu"

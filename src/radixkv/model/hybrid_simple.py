@@ -85,17 +85,17 @@ class Session:
 
     def new(self, tokens: list[int]) -> Seq:
         seq = Seq(list(tokens))
-        if self.spec.has_state:
+        if STATE in self.spec:
             seq.state = self.states.take(1)[0]
         return seq
 
     def _contexts(self, seq: Seq, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.spec.has_full:
+        if FULL in self.spec:
             seq.full += self.full.take(n)
-        if self.spec.has_swa:
+        if SWA in self.spec:
             seq.swa += self.swa.take(n)
-        full = torch.tensor(seq.full, dtype=torch.int64) if self.spec.has_full else None
-        swa = torch.tensor(seq.swa, dtype=torch.int64) if self.spec.has_swa else None
+        full = torch.tensor(seq.full, dtype=torch.int64) if FULL in self.spec else None
+        swa = torch.tensor(seq.swa, dtype=torch.int64) if SWA in self.spec else None
         main = full if full is not None else swa
         assert main is not None
         return main, swa
@@ -103,9 +103,9 @@ class Session:
     def _kind_slots(self, work: list[tuple[Seq, int]], swa_ctx: list[torch.Tensor]) -> dict:
         """The batch's slots of the kinds besides FULL (`ForwardBatch.kind_slots`)."""
         out: dict[str, Any] = {}
-        if self.spec.has_swa:
+        if SWA in self.spec:
             out[SWA] = swa_ctx
-        if self.spec.has_state:
+        if STATE in self.spec:
             out[STATE] = [s.state for s, _ in work]
         return out
 
@@ -138,9 +138,10 @@ class Session:
 
     def _drop_out_of_window(self, seq: Seq) -> None:
         """Free SWA slots no later step can read: positions < computed - W + 1."""
-        if not self.spec.has_swa or self.spec.swa_window is None:
+        window = self.spec.window(SWA)
+        if window is None:
             return
-        end = seq.computed - self.spec.swa_window + 1
+        end = seq.computed - window + 1
         for p in range(max(0, end)):
             if seq.swa[p] >= 0:
                 if p >= seq.owned_from:
@@ -150,7 +151,7 @@ class Session:
     def checkpoint(self, seq: Seq) -> Checkpoint:
         """Freeze `seq`'s prefix as computed so far; the prefix's slots stop being `seq`'s."""
         state = -1
-        if self.spec.has_state:
+        if STATE in self.spec:
             state = self.states.take(1)[0]
             pool = self.pools.state()
             assert pool is not None
@@ -163,7 +164,7 @@ class Session:
         """A new sequence continuing from the checkpoint (copy-on-write of the state)."""
         seq = Seq([*ckpt.tokens, *suffix], list(ckpt.full), list(ckpt.swa))
         seq.owned_from = len(ckpt.tokens)
-        if self.spec.has_state:
+        if STATE in self.spec:
             seq.state = self.states.take(1)[0]
             pool = self.pools.state()
             assert pool is not None

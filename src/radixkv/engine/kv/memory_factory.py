@@ -66,9 +66,8 @@ def build_memory(
         sizes = pool_sizes(cfg, spec, dtype)
         num_slots = sizes[FULL]
         pools = spec.make_pools(sizes, dtype, device)
-        pool = pools.kv(FULL) or KVPool(  # no FULL layer: zero-layer bookkeeping pool
-            KVPoolConfig(0, spec.num_kv_heads, spec.head_dim, num_slots, dtype, device)
-        )
+        # No FULL layer: a zero-layer bookkeeping pool (no tensor, so no shape to speak of).
+        pool = pools.kv(FULL) or KVPool(KVPoolConfig(0, 1, 1, num_slots, dtype, device))
     allocator = PageAllocator(num_slots, page_size)
     scratch_slot = allocator.reserve_tail() if scratch else None
     # A request's row holds its whole context: at most max_model_len, never more than the pool.

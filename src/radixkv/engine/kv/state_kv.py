@@ -69,7 +69,7 @@ def hold(req: Request) -> StateHold:
 
 def state_component(spec: PoolSpec) -> ComponentSpec | None:
     """The tree's STATE component (checkpoints) for a model of `spec`, if it has STATE layers."""
-    return ComponentSpec(StateComponent) if spec.has_state else None
+    return ComponentSpec(StateComponent) if STATE in spec else None
 
 
 def _owned(req: Request) -> list[int]:

@@ -26,7 +26,7 @@ from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.kv.kind_sizing import SizeContext
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import SWA, PoolSpec
+from radixkv.memory.hybrid import FULL, SWA, PoolSpec
 from radixkv.memory.pool import KVPool
 from radixkv.memory.req_table import ReqToTokenTable
 
@@ -66,15 +66,15 @@ class SwaSizing:
         return cfg.cache.swa_num_slots
 
     def demand(self, ctx: SizeContext) -> int | None:
-        spec = ctx.spec
-        if not spec.has_full or spec.swa_window is None:
+        window = ctx.spec.window(SWA)
+        if FULL not in ctx.spec or window is None:
             return None
-        return swa_demand(spec.swa_window, ctx.page_size, ctx.max_running, ctx.chunk)
+        return swa_demand(window, ctx.page_size, ctx.max_running, ctx.chunk)
 
     def settle(self, n: int, ctx: SizeContext, explicit: bool) -> int:
         ps = ctx.page_size
         n = n // ps * ps
-        least = ctx.pages((ctx.spec.swa_window or 0) + ctx.chunk) + 2 * ps
+        least = ctx.pages((ctx.spec.window(SWA) or 0) + ctx.chunk) + 2 * ps
         if n < least:
             if explicit:
                 raise ValueError(f"the SWA pool needs at least {least} slots (window + one chunk)")
@@ -89,7 +89,12 @@ def hold(req: Request) -> SwaHold:
 
 def swa_component(spec: PoolSpec) -> ComponentSpec | None:
     """The tree's SWA component for a model of `spec` (its window), if it has SWA layers."""
-    return ComponentSpec(SwaComponent, spec.swa_window) if spec.has_swa else None
+    if SWA not in spec:
+        return None
+    window = spec.window(SWA)
+    if window is None:
+        raise ValueError("the SWA layers of this model declare no window")
+    return ComponentSpec(SwaComponent, window)
 
 
 def _pages(req: Request) -> list[int]:
@@ -103,7 +108,7 @@ class SwaMemory:
     def __init__(self, pool: KVPool, setup: KindSetup) -> None:
         self.pool = pool
         self.page_size = setup.page_size
-        self.window = setup.spec.swa_window
+        self.window = setup.spec.window(SWA)
         self.alloc_ = PageAllocator(pool.num_slots, setup.page_size)
         self.table = ReqToTokenTable(setup.rows, setup.max_context, setup.device)
         self.cache = setup.cache

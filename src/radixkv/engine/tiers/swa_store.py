@@ -28,7 +28,7 @@ class SwaStore:
 
     def __init__(self, pool: KVPool, setup: StoreSetup) -> None:
         ps = self.page_size = setup.page_size
-        window = setup.spec.swa_window if setup.spec is not None else None
+        window = setup.spec.window(SWA) if setup.spec is not None else None
         # None: no window (the tiers keep nothing of this kind and no resume needs it).
         self.window_pages = -(-window // ps) if window is not None else None
         self.interval = setup.interval

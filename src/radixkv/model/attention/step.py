@@ -50,21 +50,18 @@ def window_view(batch: ForwardBatch, kind: str = SWA) -> ForwardBatch:
 def kv_components(
     batch: ForwardBatch, pools: KVPool | ModelPools, spec: PoolSpec
 ) -> dict[str, tuple[KVPool, ForwardBatch]]:
-    """Per KV component of a model with `spec`: its pool and its view of the batch. A bare
-    KVPool is the legacy one-component call (the batch's slots are that pool's)."""
+    """Per attention kind of a model with `spec`: its pool and its view of the batch (FULL's is
+    the batch; any other kind's is its own slots, `window_view`). A bare KVPool is the legacy
+    one-component call (the batch's slots are that pool's): the model's one attention kind."""
+    attention = spec.attention_kinds
     if isinstance(pools, KVPool):
-        return {"swa" if spec.has_swa and not spec.has_full else "full": (pools, batch)}
+        return {attention[0] if len(attention) == 1 else FULL: (pools, batch)}
     out: dict[str, tuple[KVPool, ForwardBatch]] = {}
-    if spec.has_full:
-        full = pools.kv(FULL)
-        if full is None:
-            raise ValueError("this model has full-attention layers: a FULL pool is required")
-        out["full"] = (full, batch)
-    if spec.has_swa:
-        swa = pools.kv(SWA)
-        if swa is None:
-            raise ValueError("this model has sliding-window layers: an SWA pool is required")
-        out["swa"] = (swa, window_view(batch, SWA))
+    for kind in attention:
+        pool = pools.kv(kind)
+        if pool is None:
+            raise ValueError(f"this model has {kind} attention layers: a {kind} pool is required")
+        out[kind] = (pool, batch if kind == FULL else window_view(batch, kind))
     return out
 
 

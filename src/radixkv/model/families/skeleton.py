@@ -246,7 +246,8 @@ class DecoderLM(nn.Module, Generic[P]):
         family's derived tensors."""
         model_pools = pools if isinstance(pools, ModelPools) else None
         spec = self.pool_spec
-        if model_pools is None and (spec.has_state or (spec.has_full and spec.has_swa)):
+        if model_pools is None and (len(spec.kinds) > 1 or spec.kinds != spec.attention_kinds):
+            # a bare KVPool serves a model of one attention kind and nothing else
             raise TypeError(f"{self.config.architecture} needs ModelPools (memory.hybrid)")
         components = kv_components(batch, pools, self.pool_spec)
         kv = KVStep(self.attention, components, self.attn_layers, batch.attention)

@@ -181,6 +181,6 @@ class RopeStateLM(DecoderLM[RopeState]):
     def prepare(self, batch: ForwardBatch, pools: ModelPools | None) -> RopeState:
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
         state = None
-        if self.pool_spec.has_state:
+        if STATE in self.pool_spec:
             state = StateMeta.build(batch, None if pools is None else pools.state(), self.device)
         return RopeState(cos, sin, state)
