@@ -1,18 +1,17 @@
 """One answer per question for the hybrid families: a request's logits are the same bits alone or
-batched with others (prefilling and decoding beside it), in bfloat16 and float32; for the families
-whose every layer keeps a fixed order at any token boundary (attention + short convolutions:
-Gemma 3, LFM2) also whatever its prompt's chunks and whether its prefix was computed before
-(a checkpoint forked, as a cache hit does).
-
-Qwen3.5 / Qwen3-Next's gated DeltaNet computes a prompt in 64-token blocks from the run's start
-and a decode step token by token, so their logits depend on where a chunk or a cached prefix
-ends (not on the batch); docs/determinism.md says so.
+batched with others (prefilling and decoding beside it), whatever its prompt's chunks and whether
+its prefix was computed before (a checkpoint forked, as a cache hit does), in bfloat16 and
+float32. Every layer keeps one fixed order per token at any token boundary: attention, the short
+convolutions (Gemma 3, LFM2, Qwen3.5's conv: one float32 chain over the taps per element), and
+Qwen3.5 / Qwen3-Next's gated DeltaNet (the C++ kernel, `kernels/deltanet.cpp`: token by token in
+a prompt, a chunk or a decode step alike).
 
 The models are the seeded tiny checkpoints of tests/conftest.py, over the real projections
 (the C++ GEMM) and attention kernels; comparisons are `torch.equal`, row by row."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ from radixkv.model.nn.linear import PackedLinear
 pytestmark = pytest.mark.slow
 
 ARCHS = ("gemma3", "lfm2", "qwen3_5", "qwen3_next")
-BOUNDARY_FREE = ("gemma3", "lfm2")  # no layer's arithmetic depends on where a chunk starts
-PROMPT, DECODES = 40, 3
+# No layer's arithmetic depends on where a chunk starts (for the DeltaNet: with its C++ kernel).
+BOUNDARY_FREE = ARCHS
+PROMPT, DECODES = 70, 3  # past 64: the old DeltaNet form's block
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -102,12 +102,16 @@ def test_logits_do_not_depend_on_the_batch(arch: str, models: dict) -> None:
 
 @pytest.mark.parametrize("arch", BOUNDARY_FREE)
 def test_logits_do_not_depend_on_chunks_or_a_cached_prefix(arch: str, models: dict) -> None:
-    """Random chunkings beside other requests, and a fork from a checkpoint of the prefix (the
-    prefix's K/V shared, its conv state copied): the same bits as the whole prompt alone."""
+    """Chunkings (fixed and seeded random) beside other requests, and a fork from a checkpoint
+    of the prefix (the prefix's K/V shared, its conv and recurrent states copied): the same bits
+    as the whole prompt alone."""
     lm = models[arch]
     seq = _tokens(PROMPT + DECODES, seed=2)
     want = _alone(lm, seq, [PROMPT])
-    for chunks in ([7, 13, 20], [1, 1, 38], [39, 1], [16, 16, 8]):
+    rng = random.Random(arch)
+    cuts = sorted(rng.sample(range(1, PROMPT), 4))
+    drawn = [b - a for a, b in zip([0, *cuts], [*cuts, PROMPT], strict=True)]
+    for chunks in ([7, 13, 50], [1, 1, 68], [69, 1], [16, 16, 38], drawn):
         sess = Session(lm, num_slots=512, num_states=8, seed=len(chunks))
         other = sess.new(_tokens(80, seed=5))
         others = [[(other, 9)], [(other, 1)], [], [(other, 1)]]

@@ -72,6 +72,14 @@ out = {
     "rms_norm_1p": m.rms_norm_1p(x, torch.randn(300, generator=g), 1e-6),
     "gelu_tanh_mul": m.gelu_tanh_mul(x[:, :200].contiguous()),
 }
+qkv = torch.randn(40, 2 * 2 * 64 + 4 * 48, generator=g)
+state = torch.randn(3, 4, 64, 48, generator=g)
+runs = [torch.tensor(c) for c in ([0, 38, 39], [38, 1, 1], [2, 0, 1], [1, 0, 0])]
+out["deltanet"] = m.gated_delta_rule(
+    qkv[:, :128].reshape(40, 2, 64), qkv[:, 128:256].reshape(40, 2, 64),
+    qkv[:, 256:].reshape(40, 4, 48), -torch.rand(40, 4, generator=g),
+    torch.rand(40, 4, generator=g), state, *runs, 0.125)
+out["deltanet_state"] = state
 torch.save(out, sys.argv[1])
 """
 
@@ -98,6 +106,7 @@ def test_the_avx2_build_passes_the_invariance_and_exactness_suites() -> None:
         "model/test_native_stack.py",
         "engine/test_engine_invariance.py",
         "model/test_model_exactness.py",
+        "model/test_deltanet_kernel.py",
     ]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     result = _run(cmd + [str(TESTS / s) for s in suites], "avx2")

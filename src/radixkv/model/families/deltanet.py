@@ -1,4 +1,10 @@
-"""The gated delta rule (gated DeltaNet), in a recurrent form (decode) and a chunked form (prefill).
+"""The gated delta rule (gated DeltaNet): the C++ kernel's entry point, and its torch forms.
+
+On CPU the layers run `gated_delta_rule` of radixkv.model.kernels (deltanet.cpp): every token, in
+a prompt, a chunk or a decode step, goes through the recurrence below with one fixed order, so
+its output and the state after it do not depend on where a chunk or a cached prefix ended. The
+torch forms here are the fallback where the kernels are not built (and the tests' references): a
+recurrent form (decode) and a chunked form (prompts), which round differently from each other.
 
 Per value head, with a state S [dk, dv], unit-norm key k_t, scaled query q_t, decay a_t = exp(g_t)
 and write strength beta_t, token t does:
@@ -18,7 +24,19 @@ Everything runs in float32; states are float32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+
+def kernel(x: torch.Tensor) -> Any:
+    """The C++ module whose `gated_delta_rule` serves tensors like x, or None (not on CPU, not
+    built, or $RADIXKV_DELTANET_KERNEL=0)."""
+    if x.device.type != "cpu":
+        return None
+    from radixkv.model.kernels import deltanet
+
+    return deltanet()
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 DeltaNet layer: in_proj_qkv → depthwise causal conv (kernel K, SiLU; state = the last K-1 inputs)
 → q, k, v; beta = sigmoid(in_proj_b), g = -exp(A_log) * softplus(in_proj_a + dt_bias); the gated
-delta rule (radixkv.model.families.deltanet: chunked for prompts/chunks, recurrent for decode) over
-a float32 state [v_heads, dk, dv]; per-head RMSNorm gated by SiLU(in_proj_z); out_proj.
+delta rule (radixkv.model.families.deltanet: the C++ kernel, token by token in one order for
+prompts, chunks and decode steps alike) over a float32 state [v_heads, dk, dv]; per-head RMSNorm
+gated by SiLU(in_proj_z); out_proj.
 Attention layer: q_proj yields queries and an output gate per head; (1 + w) Q/K norms; RoPE on the
 first `partial_rotary_factor` of each head; output * sigmoid(gate). Norms are (1 + w) RMSNorms.
 """
@@ -119,9 +120,7 @@ class GatedDeltaNet(nn.Module):
         mixed = F.silu(causal_conv(self.in_qkv(h), state["conv"], meta, self.conv_w, self.conv_b))
         kd = c.k_heads * c.k_dim
         q, k, v = mixed.split([kd, kd, c.v_heads * c.v_dim], dim=-1)
-        q, k = deltanet.prepare_qk(
-            q.reshape(t, c.k_heads, c.k_dim), k.reshape(t, c.k_heads, c.k_dim), c.v_heads
-        )
+        q, k = q.reshape(t, c.k_heads, c.k_dim), k.reshape(t, c.k_heads, c.k_dim)
         v = v.reshape(t, c.v_heads, c.v_dim)
         b, a = self.in_ba(h).split(c.v_heads, dim=-1)
         beta = lanewise(torch.sigmoid, b.float())
@@ -142,8 +141,16 @@ class GatedDeltaNet(nn.Module):
         rec: torch.Tensor,
         meta: StateMeta,
     ) -> torch.Tensor:
-        """Chunked form per prompt/chunk, recurrent form for the batched decodes; states updated
-        in place in the pool."""
+        """q, k [T, Hk, dk] and v [T, Hv, dv] as the conv made them → o [T, Hv, dv] float32;
+        states updated in place in the pool. The C++ kernel takes every run and decode row in
+        one call, token by token in one fixed order; without it, the chunked form per
+        prompt/chunk and the recurrent form for the batched decodes (which round differently)."""
+        kern = deltanet.kernel(v)
+        if kern is not None:
+            starts, lens, slots, fresh = meta.kernel_runs()
+            scale = self.cfg.k_dim**-0.5
+            return kern.gated_delta_rule(q, k, v, g, beta, rec, starts, lens, slots, fresh, scale)
+        q, k = deltanet.prepare_qk(q, k, self.cfg.v_heads)
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         for run in meta.runs:
             r = slice(run.start, run.end)

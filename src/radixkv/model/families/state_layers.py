@@ -3,15 +3,14 @@
 A forward groups its requests once (`StateMeta`): one-token requests that continue an existing
 state run together (gather their slots, one batched update, scatter back); every other request
 (a prompt or a multi-token chunk) is a run over its token rows. The convolutions of all runs go
-through one batched conv (`conv_runs`, bit-identical to one run at a time); the gated DeltaNet
-recurrence still walks the runs one by one (its chunked form reduces over the chunk length, so
-padding runs to one shape would change bits). A request with prefix 0
-starts from zeros whatever its slot holds (the engine need not clear working slots).
+through one batched conv (`conv_runs`, bit-identical to one run at a time); the gated DeltaNet's
+C++ kernel takes every run and decode row in one call (`StateMeta.kernel_runs`). A request with
+prefix 0 starts from zeros whatever its slot holds (the engine need not clear working slots).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +35,20 @@ class StateMeta:
     runs: list[StateRun]
     decode_rows: torch.Tensor | None  # [Rd] token rows of the batched one-token continuations
     decode_slots: torch.Tensor | None  # [Rd] their working slots
+    _packed: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
+
+    def kernel_runs(self) -> tuple[torch.Tensor, ...]:
+        """(starts, lens, slots, fresh) [R] int64 of every run, then every decode row as a run
+        of one token: the form the DeltaNet kernel takes (built once per forward)."""
+        if self._packed is None:
+            cols = [[r.start, r.end - r.start, r.slot, int(r.fresh)] for r in self.runs]
+            packed = torch.tensor(cols, dtype=torch.int64).reshape(-1, 4).t()
+            if self.decode_rows is not None and self.decode_slots is not None:
+                rows, slots = self.decode_rows.cpu(), self.decode_slots.cpu()
+                ones, zeros = torch.ones_like(rows), torch.zeros_like(rows)
+                packed = torch.cat([packed, torch.stack([rows, ones, slots, zeros])], dim=1)
+            self._packed = tuple(packed.contiguous())
+        return self._packed
 
     @classmethod
     def build(cls, batch: ForwardBatch, pool: StatePool | None, device: torch.device) -> StateMeta:

@@ -9,6 +9,9 @@
   row count, from a weight repacked in blocks of 16 outputs (`gemm.cpp`, AVX-512 / AVX-512 BF16);
   the fallback is oneDNN.
 
+- `deltanet()`: the gated delta rule (Qwen3.5, Qwen3-Next) token by token over runs of sequences
+  and decode rows alike, one fixed order per token (`deltanet.cpp`); the fallback is the chunked
+  torch form of `radixkv.model.families.deltanet` ($RADIXKV_DELTANET_KERNEL=0 forces it).
 - `pointwise()`: RMSNorm (and its (1 + w) form), SiLU * up, GELU (tanh) * up and RoPE
   (`pointwise.cpp`) with one fixed arithmetic per row, called by the eager and the compiled
   model alike.
@@ -62,6 +65,7 @@ SOURCES = [
     for name in (
         "bindings.cpp",
         "decode_attention.cpp",
+        "deltanet.cpp",
         "extend_attention.cpp",
         "gemm.cpp",
         "pointwise.cpp",
@@ -219,4 +223,12 @@ def gemm(dtype: torch.dtype) -> Any:
 def pointwise() -> Any:
     """The module whose `rms_norm`, `rms_norm_1p`, `silu_mul`, `gelu_tanh_mul` and `rope` serve
     the decoder layers, or None."""
+    return cpu_kernels()
+
+
+def deltanet() -> Any:
+    """The module whose `gated_delta_rule` serves the DeltaNet layers, or None (not built, or
+    $RADIXKV_DELTANET_KERNEL=0)."""
+    if os.environ.get("RADIXKV_DELTANET_KERNEL", "1") == "0":
+        return None
     return cpu_kernels()

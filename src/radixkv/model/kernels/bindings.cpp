@@ -25,5 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_pack", &gemm_pack, "Repack W [N, K] for gemm (N padded to 16)");
   m.def("gemm", &gemm, "x [M, K] @ packed W^T (+ f32 bias), row-invariant reduction order");
   m.def("gemm_silu", &gemm_silu, "silu(gate) * up of x @ [gate; up]^T, blocks interleaved (AMX)");
+  m.def("gated_delta_rule", &gated_delta_rule,
+        "Gated DeltaNet token by token over runs of sequences, states in place (deltanet.cpp)");
   bind_stack(m);
 }

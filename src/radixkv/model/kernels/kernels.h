@@ -32,4 +32,8 @@ torch::Tensor rms_norm_1p(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor gelu_tanh_mul(torch::Tensor gate_up);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor gated_delta_rule(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor g,
+                               torch::Tensor beta, torch::Tensor state, torch::Tensor starts,
+                               torch::Tensor lens, torch::Tensor slots, torch::Tensor fresh,
+                               double scale);
 void bind_stack(pybind11::module& m);  // stack.cpp: the DecoderStack class

@@ -1,0 +1,116 @@
+"""One answer per question through the engine for the gated DeltaNet families (Qwen3.5,
+Qwen3-Next): a request's tokens AND log-probabilities are the same bits alone on a cold engine
+with one prefill chunk, in random batch mixes under several prefill chunk sizes and page sizes,
+and again when its prefix is a cache hit (a recurrent-state checkpoint resumed), in bfloat16 and
+float32, greedy and seeded sampling. Chunk sizes and the checkpoint interval are not multiples of
+each other, so prompts are cut (and resumed) at many different token boundaries.
+
+The models are the seeded tiny checkpoints of tests/conftest.py, over the real layers and C++
+kernels (the DeltaNet's: `kernels/deltanet.cpp`)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixkv.engine.engine import Engine
+from radixkv.engine.types import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+Answer = tuple[tuple[int, ...], tuple[str, ...]]
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    """Shared system prompts, branches, a duplicate and a prefix of another prompt."""
+    rng = random.Random(seed)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(3, 40000) for _ in range(n)]
+
+    system = rand(75)
+    ps = [system + rand(rng.randrange(1, 40)) for _ in range(3)]
+    ps += [system[:50] + rand(21), rand(12), rand(1)]
+    ps += [list(ps[1]), ps[0][:61]]
+    return ps
+
+
+def _params(i: int, sampled: bool) -> SamplingParams:
+    if sampled:
+        return SamplingParams(
+            max_tokens=5, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True, logprobs=3
+        )
+    return SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=3)
+
+
+def _drive(
+    eng: Engine, prompts: list[list[int]], sampled: bool, order: list[int], rng: Any = None
+) -> dict[int, Answer]:
+    """Add the prompts in `order` (with `rng`: a random number of engine steps between
+    arrivals, so they join running batches at random points); census after every step."""
+    ids: dict[str, int] = {}
+    toks: dict[int, list[int]] = {i: [] for i in order}
+    lps: dict[int, list[Any]] = {i: [] for i in order}
+
+    def step() -> None:
+        for d in eng.step():
+            toks[ids[d.request_id]].extend(d.new_token_ids)
+            lps[ids[d.request_id]].extend(d.logprobs or [])
+        eng.check_memory()
+
+    for i in order:
+        ids[eng.add_request(prompts[i], _params(i, sampled))] = i
+        for _ in range(rng.randrange(0, 4) if rng else 0):
+            step()
+    while eng.has_unfinished():
+        step()
+    return {i: (tuple(toks[i]), tuple(repr(x) for x in lps[i])) for i in order}
+
+
+def _engine(lm: Any, **kw: Any) -> Engine:
+    args: dict[str, Any] = {
+        "device": "cpu",
+        "dtype": "bfloat16" if lm.dtype == torch.bfloat16 else "float32",
+        "num_slots": 2048,
+        "chunked_prefill_size": 2048,
+        "state_checkpoint_interval": 24,
+    }
+    return Engine(lm, **(args | kw))
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("qwen3_5", torch.bfloat16), ("qwen3_5", torch.float32), ("qwen3_next", torch.float32)],
+    ids=["qwen3_5-bf16", "qwen3_5-f32", "qwen3_next-f32"],
+)
+def lm(request: pytest.FixtureRequest, tiny_model_dir: Callable[..., Path]) -> Any:
+    from radixkv.model import load_model
+    from radixkv.model.kernels import deltanet
+
+    if deltanet() is None:
+        pytest.skip("the DeltaNet kernel is not built on this machine")
+    arch, dtype = request.param
+    return load_model(str(tiny_model_dir(arch)), "cpu", dtype)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_answers_do_not_depend_on_batch_chunks_or_cache(lm: Any, sampled: bool) -> None:
+    prompts = _prompts(1)
+    alone: dict[int, Answer] = {}
+    for i in range(len(prompts)):
+        alone |= _drive(_engine(lm, disable_radix_cache=True), prompts, sampled, [i])
+    rng = random.Random(7)
+    for trial, (chunk, page) in enumerate([(7, 1), (16, 16), (37, 1)]):
+        order = list(range(len(prompts)))
+        rng.shuffle(order)
+        eng = _engine(lm, chunked_prefill_size=chunk, page_size=page)
+        got = _drive(eng, prompts, sampled, order, rng)  # random batch mixes, cold then warm
+        assert got == alone, (trial, chunk, page)
+        again = _drive(eng, prompts, sampled, order[::-1])  # resumed from checkpoints
+        assert again == alone, (trial, "warm")
+        assert eng.metrics().cached_prompt_tokens_total > 0
