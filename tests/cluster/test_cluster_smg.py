@@ -57,8 +57,6 @@ def test_replicas_behind_smg(cluster: RunningCluster, model_dir: Path) -> None:
     assert anonymous.status_code == 401  # the router wants its key too
 
     client = openai.OpenAI(base_url=router + "/v1", api_key=KEY, max_retries=0, timeout=120)
-    tenants = [f"You are assistant number {t}. " + f"Tenant {t} rules apply. " * 12 for t in "ABCD"]
-    jobs = [(system, f"Question {q} about the radix cache?") for system in tenants for q in "1234"]
 
     def ask(job: tuple[str, str]) -> Any:
         system, question = job
@@ -70,20 +68,33 @@ def test_replicas_behind_smg(cluster: RunningCluster, model_dir: Path) -> None:
         r = client.chat.completions.create(model=MODEL, messages=messages, **kw)
         return messages, r
 
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(ask, jobs))
-    for _, r in answers:  # every request answered, in full
-        assert r.choices[0].finish_reason == "length"
-        assert r.usage is not None and r.usage.completion_tokens == 8
-
-    # The replicas saw each request once as a success; replica 0's refusals were retried.
-    by_worker = [requests_by_route(url) for url in workers]
-    served = [c.get(("/v1/chat/completions", "200"), 0.0) for c in by_worker]
-    assert sum(served) == len(jobs), by_worker
-    refused = by_worker[0].get(("/v1/chat/completions", "503"), 0.0)
-    print(f"served per replica {served}; replica 0 refused {refused} (retried by smg)")
-    # 8 concurrent requests, 4 per system prompt, which cache_aware keeps together: replica 0
-    # (2 in flight at most) gets more than it holds at least once, and no client saw it.
+    # Bursts of 8 concurrent requests, 4 per system prompt, which cache_aware keeps together.
+    # Replica 0 (2 in flight at most) must get more than it holds at least once, and no client
+    # may see it. Which replica a new prompt goes to is smg's choice (under load it can send a
+    # whole burst to replica 1), so a burst of new tenants follows until replica 0 has refused
+    # (cache_aware sends prompts it has not seen to the replica with the smaller tree).
+    answers: list[Any] = []
+    for burst in range(4):
+        tenants = [
+            f"You are assistant number {t}{burst}. " + f"Tenant {t} rules apply. " * 12
+            for t in "ABCD"
+        ]
+        jobs = [
+            (system, f"Question {q} about the radix cache?") for system in tenants for q in "1234"
+        ]
+        with ThreadPoolExecutor(8) as pool:
+            answers += list(pool.map(ask, jobs))
+        for _, r in answers:  # every request answered, in full
+            assert r.choices[0].finish_reason == "length"
+            assert r.usage is not None and r.usage.completion_tokens == 8
+        # The replicas saw each request once as a success; replica 0's refusals were retried.
+        by_worker = [requests_by_route(url) for url in workers]
+        served = [c.get(("/v1/chat/completions", "200"), 0.0) for c in by_worker]
+        assert sum(served) == len(answers), by_worker
+        refused = by_worker[0].get(("/v1/chat/completions", "503"), 0.0)
+        print(f"burst {burst}: served per replica {served}; replica 0 refused {refused}")
+        if refused >= 1:
+            break
     assert refused >= 1, by_worker
     # smg's registration probes and load polls reached both replicas with the key.
     deadline = time.monotonic() + 15
