@@ -35,6 +35,10 @@ def _serve(model: Path, l3: Path, port: int) -> subprocess.Popen[str]:
     cmd += ["--max-model-len", "2048", "--log-level", "warning", "--threads", "1"]
     cmd += ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]
     cmd += ["--hicache-storage-url", str(l3)]
+    # A fresh server holds a request for its L3 pages at most --hicache-prefetch-timeout (2 s by
+    # default): a loaded machine's fetch can run past it, and the prompt is then recomputed.
+    # Restoring is what is tested here, not how fast: these bound a hang, not a speed.
+    cmd += ["--hicache-prefetch-timeout", "60", "--hicache-flush-timeout", "25"]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

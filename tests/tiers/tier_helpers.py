@@ -80,3 +80,16 @@ class SlowBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def pin_prefill_speed(engine: Engine, tokens_per_s: float) -> None:
+    """Pin the recompute side of `engine`'s prefetch cost model to a prefill of `tokens_per_s`
+    (a slow CPU's). The toy model's prefill steps take about a millisecond, as long as a file
+    round trip: measured, the recompute estimate (and the hold bound it sets) follows the
+    machine's load, and a test of the policy's other inputs (what was found, what is known)
+    would too."""
+    assert engine.tiers is not None and engine.tiers.storage is not None
+    policy = engine.tiers.storage.prefetch
+    for tokens in (16, 2048):
+        policy.prefill.observe(float(tokens), tokens / tokens_per_s)
+    policy.observe_prefill = lambda tokens, seconds: None  # type: ignore[method-assign]
