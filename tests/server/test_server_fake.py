@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -188,17 +190,38 @@ def test_metrics_parse_and_track_requests(mode: str) -> None:
         assert value("radixkv_http_requests", http, route="/v1/completions", status="400") == 1
 
 
+class _GatedEngine(FakeEngine):
+    """Its steps after the first block until the test opens `gate` (`blocked` says one is
+    waiting): a step that never ends, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.blocked = threading.Event()
+
+    def step(self) -> list[Any]:
+        if self.steps >= 1:
+            self.blocked.set()
+            self.gate.wait(30)
+        return super().step()
+
+
 def test_event_loop_not_blocked_by_engine_steps() -> None:
-    eng = FakeEngine(step_delay=0.3)  # every forward step takes 300 ms
+    """The server answers while an engine step is in progress: a step that runs on the event
+    loop (or holds it) would leave /health unanswered until the gate opens, and every call
+    below would time out."""
+    eng = _GatedEngine()
     with live_server(eng) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
         body = {"prompt": "slow", "max_tokens": 4, "stream": True}
-        with client.stream("POST", "/v1/completions", json=body) as resp:
-            lines = resp.iter_lines()
-            next(lines)  # the engine is now mid-generation
-            worst = 0.0
-            for _ in range(10):
-                t0 = time.perf_counter()
-                assert client.get("/health").status_code == 200
-                worst = max(worst, time.perf_counter() - t0)
-            assert worst < 0.15, worst  # a blocked loop would wait out a 300 ms step
-            assert [ln for ln in lines if ln][-1] == "data: [DONE]"
+        try:
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                lines = resp.iter_lines()
+                next(lines)  # the engine is now mid-generation
+                assert eng.blocked.wait(10), "the engine never reached its second step"
+                for _ in range(10):
+                    assert client.get("/health", timeout=5).status_code == 200
+                assert not eng.gate.is_set()  # answered while the step was still blocked
+                eng.gate.set()
+                assert [ln for ln in lines if ln][-1] == "data: [DONE]"
+        finally:
+            eng.gate.set()
