@@ -13,7 +13,7 @@
 //   S[i][j] = fma(k[i], u_j, S[i][j])
 //   o_j     = sum_i S[i][j] q[i]                    (one FMA chain over i = 0 .. dk-1, from 0)
 // Every value of column j depends only on column j of S and the token's scalars, so a work item is
-// (run, value head, a group of up to 64 columns): items never share an element, and how many run
+// (run, value head, a group of up to 32 columns): items never share an element, and how many run
 // at once or on which thread changes nothing. A run's tokens are walked in order with the state in
 // place in the pool; the update of token t and the decay / prediction of token t+1 share one pass
 // over S (the same operations on the same values as two passes, one load and store fewer).
@@ -33,7 +33,9 @@ namespace {
 
 using namespace radixkv_simd;
 
-constexpr int64_t kGroup = 64;  // columns per work item (4 vectors of 16)
+// Columns per work item (2 vectors of 16): the item's block of S (dk x 32 floats, 16 KB at dk 128)
+// stays in a 32 KB L1 beside the token's rows; 64 columns measured slower (docs/determinism.md).
+constexpr int64_t kGroup = 32;
 constexpr float kNormEps = 1e-6f;
 
 struct Rule {
@@ -148,7 +150,7 @@ void run_item(const Rule& a, const T* v, const Item& it) {
 
 template <typename T, bool FULL>
 void run_vec(const Rule& a, const T* v, const Item& it) {
-  switch (std::min<int64_t>(4, (a.dv - it.col + 15) / 16)) {
+  switch (std::min<int64_t>(kGroup / 16, (a.dv - it.col + 15) / 16)) {
     case 1: return run_item<T, 1, FULL>(a, v, it);
     case 2: return run_item<T, 2, FULL>(a, v, it);
     case 3: return run_item<T, 3, FULL>(a, v, it);
