@@ -4,6 +4,7 @@ the memory census checked after every step, and an independent no-cache referenc
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,3 +82,36 @@ def reference_greedy(lm: Any, prompt: list[int], max_tokens: int) -> list[int]:
         out.append(tok)
         tokens.append(tok)
     return out
+
+
+Answer = tuple[tuple[int, ...], tuple[str, ...]]  # a request's tokens and logprobs (repr)
+
+
+def drive_answers(
+    eng: Engine,
+    prompts: list[list[int]],
+    params: Callable[[int], SamplingParams],
+    order: list[int],
+    rng: random.Random | None = None,
+) -> dict[int, Answer]:
+    """Add prompts[i] with params(i) for i in `order` (with `rng`, a random number of engine
+    steps between arrivals, so they join running batches at random points), run them to the
+    end with the memory census checked after every step; each one's answer by index."""
+    ids: dict[str, int] = {}
+    toks: dict[int, list[int]] = {i: [] for i in order}
+    lps: dict[int, list[Any]] = {i: [] for i in order}
+
+    def step() -> None:
+        for d in eng.step():
+            i = ids[d.request_id]
+            toks[i].extend(d.new_token_ids)
+            lps[i].extend(d.logprobs or [])
+        eng.check_memory()
+
+    for i in order:
+        ids[eng.add_request(prompts[i], params(i))] = i
+        for _ in range(rng.randrange(0, 4) if rng else 0):
+            step()
+    while eng.has_unfinished():
+        step()
+    return {i: (tuple(toks[i]), tuple(repr(x) for x in lps[i])) for i in order}

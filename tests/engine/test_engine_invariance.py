@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+from engine_helpers import Answer, drive_answers
 
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
 
 pytestmark = pytest.mark.slow
-
-Answer = tuple[tuple[int, ...], tuple[Any, ...]]
 
 
 def _prompts(seed: int) -> list[list[int]]:
@@ -55,26 +54,7 @@ def _drive(
     order: list[int],
     rng: random.Random | None = None,
 ) -> dict[int, Answer]:
-    """Add the prompts in `order` (with `rng`, a random number of engine steps between
-    arrivals, so they join running batches at random points); census after every step."""
-    ids: dict[str, int] = {}
-    toks: dict[int, list[int]] = {i: [] for i in order}
-    lps: dict[int, list[Any]] = {i: [] for i in order}
-
-    def step() -> None:
-        for d in eng.step():
-            i = ids[d.request_id]
-            toks[i].extend(d.new_token_ids)
-            lps[i].extend(d.logprobs or [])
-        eng.check_memory()
-
-    for i in order:
-        ids[eng.add_request(prompts[i], _params(i, sampled))] = i
-        for _ in range(rng.randrange(0, 4) if rng else 0):
-            step()
-    while eng.has_unfinished():
-        step()
-    return {i: (tuple(toks[i]), tuple(repr(x) for x in lps[i])) for i in order}
+    return drive_answers(eng, prompts, lambda i: _params(i, sampled), order, rng)
 
 
 def _engine(lm: Any, **kw: Any) -> Engine:
