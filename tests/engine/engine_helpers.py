@@ -87,6 +87,20 @@ def reference_greedy(lm: Any, prompt: list[int], max_tokens: int) -> list[int]:
 Answer = tuple[tuple[int, ...], tuple[str, ...]]  # a request's tokens and logprobs (repr)
 
 
+def answer_params(i: int, sampled: bool, max_tokens: int) -> SamplingParams:
+    """Request i's sampling in the invariance suites: greedy, or seeded per request; logprobs."""
+    if sampled:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.9,
+            top_p=0.95,
+            seed=100 + i,
+            ignore_eos=True,
+            logprobs=3,
+        )
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=3)
+
+
 def drive_answers(
     eng: Engine,
     prompts: list[list[int]],

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_helpers import Answer, drive_answers
+from engine_helpers import Answer, answer_params, drive_answers
 
 from radixkv.engine.engine import Engine
 from radixkv.engine.types import SamplingParams
@@ -39,14 +39,6 @@ def _prompts(seed: int) -> list[list[int]]:
     return ps
 
 
-def _params(i: int, sampled: bool) -> SamplingParams:
-    if sampled:
-        return SamplingParams(
-            max_tokens=7, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True, logprobs=3
-        )
-    return SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, logprobs=3)
-
-
 def _drive(
     eng: Engine,
     prompts: list[list[int]],
@@ -54,7 +46,7 @@ def _drive(
     order: list[int],
     rng: random.Random | None = None,
 ) -> dict[int, Answer]:
-    return drive_answers(eng, prompts, lambda i: _params(i, sampled), order, rng)
+    return drive_answers(eng, prompts, lambda i: answer_params(i, sampled, 7), order, rng)
 
 
 def _engine(lm: Any, **kw: Any) -> Engine:
