@@ -25,10 +25,9 @@ from typing import Any
 import pytest
 import torch
 
-from radixkv.cache.hybrid.components import HybridInsert, HybridMatch
 from radixkv.config import EngineConfig
 from radixkv.engine.kv.components_kv import ComponentMemory
-from radixkv.engine.kv.kind_memory import KindSetup
+from radixkv.engine.kv.kind_memory import KindMemoryBase, KindSetup
 from radixkv.engine.kv.kind_sizing import SizeContext
 from radixkv.engine.kv.kinds import KINDS, Kind, pool_sizes
 from radixkv.engine.kv.kv_manager import KVManager
@@ -92,7 +91,7 @@ class ScratchHold:
     slot: int = -1
 
 
-class ScratchMemory:
+class ScratchMemory(KindMemoryBase):
     """One scratch slot per running request (a tensor row it fills at bind), copied on fork."""
 
     kind = SCRATCH
@@ -105,12 +104,6 @@ class ScratchMemory:
     def _slot(self, req: Request) -> int:
         h = req.kv_kinds.get(SCRATCH)
         return -1 if h is None else int(h.slot)
-
-    def on_match(self, req: Request, m: HybridMatch) -> None:
-        return None
-
-    def forget_match(self, req: Request) -> None:
-        return None
 
     def reserve(self, req: Request) -> bool:
         got = self.alloc_.alloc_pages(1)
@@ -128,29 +121,11 @@ class ScratchMemory:
         self.pool[self._slot(req)] = float(len(req.prompt_ids))
         self.bound.append(req.request_id)
 
-    def ensure(self, req: Request, end: int) -> bool:
-        return True
-
     def chunk_cap(self, req: Request) -> int | None:
         return 3  # this kind prefills 3 tokens a step at most
 
     def after_step(self, req: Request, was_prefill: bool) -> None:
         self.pool[self._slot(req)] += 1
-
-    def batch_slots(self, reqs: Sequence[Request], rows: list[int], ends: list[int]) -> None:
-        return None
-
-    def tree_part(self, req: Request, aligned: int, finishing: bool) -> Any:
-        return None
-
-    def after_insert(self, req: Request, part: Any, out: HybridInsert, aligned: int) -> None:
-        return None
-
-    def rewrite_prefix(self, req: Request, handle: Any) -> None:
-        return None
-
-    def take_freed(self, value: Any) -> None:
-        return None
 
     def reserve_fork(self, parent: Request) -> int | None:
         got = self.alloc_.alloc_pages(1)
