@@ -278,6 +278,34 @@ def test_swa_vote_rejects_tombstoned_window() -> None:
     assert c.match([*toks[:3], 99]).length == 0  # window [0, 2) is tombstoned
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    pages=st.lists(st.booleans(), min_size=0, max_size=40),
+    page=st.sampled_from([1, 2, 4, 16]),
+    window=st.integers(1, 70),
+    data=st.data(),
+)
+def test_swa_deepest_equals_brute_force(
+    pages: list[bool], page: int, window: int, data: st.DataObject
+) -> None:
+    """The vote's run-jumping search gives the brute force's deepest boundary (every page
+    boundary <= p whose window [p - W, p) holds no tombstone) for every p, from a path of
+    several nodes; tombstones are whole pages."""
+    live = np.repeat(np.array(pages, dtype=bool), page)
+    swa = np.where(live, np.arange(len(live)), -1).astype(np.int64)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(swa) - 1)), max_size=4)))
+    path: list[Any] = [
+        type("N", (), {"swa": part})() for part in np.split(swa, [c for c in cuts if c < len(swa)])
+    ]
+    comp = parse_components(["full", f"swa:{window}"]).parts[0].make(page, lambda n: 0)
+    deepest = comp.vote(path, len(swa))
+    for p in range(0, len(swa) + 1, page):
+        want = max(
+            b for b in range(0, p + 1, page) if not (swa[max(0, b - window) : b] < 0).any()
+        )
+        assert deepest(p) == want, (p, want)
+
+
 def test_state_resumes_at_deepest_checkpoint_and_divergence_reports_shared() -> None:
     c = HybridCache(page_size=4, components=["full", "state"])
     toks = list(range(40))

@@ -4,8 +4,14 @@ Workload: N sequences of L tokens sharing a P-token prefix (random token ids oth
 Per sequence: match, then insert; then N full-hit matches; then lock+unlock of each matched leaf;
 then evict E tokens per call until the cache is empty. Reports mean / p50 / p99 microseconds per
 operation for each cache design and page size, as a table and (optionally) JSON. The table's
-"target" column is the bar at page size 1: SGLang 0.5.23's Rust tree core, mean µs, measured
-on this workload earlier.
+"target" column is the bar for the plain tree at page size 1: SGLang 0.5.23's Rust tree core,
+mean µs, measured on this workload earlier.
+
+The hybrid trees run the same workload with each insert carrying what the engine hands them:
+`full+swa` (FULL + a W-token sliding window, `--window`): one SWA slot per token, -1 (already
+freed) before the sequence's last W tokens; `full+state` (FULL + recurrent-state checkpoints):
+a checkpoint at the page-floored end of the shared prefix (refused after the first sequence)
+and one at the sequence's end, so a full-hit match resumes at the end.
 
 Only the cache call is inside the timer; building the query (and, with `--input list`, converting
 a row to a Python list) happens before it. `--input numpy` hands the cache int64 arrays (what the
@@ -30,9 +36,34 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.cache import make_cache
+from radixkv.cache import HybridCache, PrefixCache, make_cache
+from radixkv.cache.hybrid.components import FULL
 
 OPS = ("match", "insert", "full_hit_match", "lock_unlock", "evict")
+# Hybrid trees by benchmark name: their component names ("{w}": the window).
+HYBRID = {"full+swa": ("full", "swa:{w}"), "full+state": ("full", "state")}
+CACHES = ("radix", "blockhash", *HYBRID)
+
+
+def make_bench_cache(kind: str, page_size: int, window: int) -> PrefixCache | HybridCache:
+    """The cache named `kind` (CACHES), LRU."""
+    if kind in HYBRID:
+        return HybridCache([c.format(w=window) for c in HYBRID[kind]], page_size, "lru")
+    return make_cache(kind, page_size, "lru")
+
+
+def insert_parts(
+    kind: str, slots: np.ndarray, page_size: int, prefix_len: int, window: int, seq: int
+) -> dict[str, object] | None:
+    """What an insert of one sequence carries besides its FULL slots (None: a plain tree)."""
+    if kind == "full+swa":
+        swa = slots.copy()
+        swa[: max(0, len(slots) - window)] = -1  # freed outside the last window
+        return {"swa": swa}
+    if kind == "full+state":
+        ends = (prefix_len - prefix_len % page_size, len(slots) - len(slots) % page_size)
+        return {"state": [(p, 2 * seq + j) for j, p in enumerate(ends) if p > 0]}
+    return None
 
 
 def _summary(samples_ns: list[int]) -> dict[str, float]:
@@ -57,6 +88,7 @@ def run_workload(
     input_kind: str = "numpy",
     clock_kind: str = "cpu",
     seed: int = 0,
+    window: int = 512,
 ) -> dict[str, dict[str, float]]:
     """Run the workload once on a fresh cache; returns per-op summaries (microseconds)."""
     rng = np.random.default_rng(seed)
@@ -68,17 +100,22 @@ def run_workload(
     def query(i: int) -> Any:
         return rows[i] if input_kind == "numpy" else rows[i].tolist()
 
-    cache = make_cache(kind, page_size, "lru")
+    cache: Any = make_bench_cache(kind, page_size, window)
+    hybrid = kind in HYBRID
     clock = time.thread_time_ns if clock_kind == "cpu" else time.perf_counter_ns
     times: dict[str, list[int]] = {op: [] for op in OPS}
     expect = seq_len - seq_len % page_size
     for i in range(num_seqs):
         toks = query(i)
         slots = np.arange(i * seq_len, (i + 1) * seq_len, dtype=np.int64)
+        parts = insert_parts(kind, slots, page_size, prefix_len, window, i)
         t0 = clock()
         cache.match(toks)
         t1 = clock()
-        cache.insert(toks, slots)
+        if parts is None:
+            cache.insert(toks, slots)
+        else:
+            cache.insert(toks, slots, parts)
         t2 = clock()
         times["match"].append(t1 - t0)
         times["insert"].append(t2 - t1)
@@ -103,10 +140,10 @@ def run_workload(
     freed = 0
     while cache.total_size:
         t0 = clock()
-        out = cache.evict(evict_tokens)
+        out = cache.evict({FULL: evict_tokens}) if hybrid else cache.evict(evict_tokens)
         t1 = clock()
         times["evict"].append(t1 - t0)
-        freed += len(out)
+        freed += len(out.full) if hybrid else len(out)
     if freed != total:
         raise AssertionError(f"evicted {freed} of {total} cached tokens")
     overhead = clock_overhead_ns(clock)
@@ -138,7 +175,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
     for res in results:
         for op in OPS:
             s = res["ops"][op]
-            target = TARGET_MEAN_US_PAGE1[op] if res["page_size"] == 1 else None
+            plain = res["cache"] == "radix" and res["page_size"] == 1
+            target = TARGET_MEAN_US_PAGE1[op] if plain else None
             lines.append(
                 f"{res['cache']:<10} {res['page_size']:>4}  {op:<15} {s['count']:>7} "
                 f"{s['mean_us']:>9.2f} {s['p50_us']:>9.2f} "
@@ -148,7 +186,10 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", default="radix,blockhash", help="comma list: radix,blockhash")
+    p.add_argument(
+        "--cache", default="radix,blockhash", help=f"comma list: {','.join(CACHES)}"
+    )
+    p.add_argument("--window", type=int, default=512, help="full+swa: the window (tokens)")
     p.add_argument("--page-sizes", default="1,16", help="radix page sizes (comma list)")
     p.add_argument(
         "--blockhash-page-sizes",
@@ -183,6 +224,7 @@ def _timed_run(kind: str, page: int, args: argparse.Namespace) -> dict[str, dict
             input_kind=args.input_kind,
             clock_kind=args.clock_kind,
             seed=args.seed,
+            window=args.window,
         )
     finally:
         gc.enable()
@@ -213,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
                 "gc": not args.no_gc,
                 "seed": args.seed,
                 "repeat": args.repeat,
+                "window": args.window,
             },
             "python": sys.version.split()[0],
             "machine": platform.machine(),

@@ -65,8 +65,8 @@ class SwaComponent:
     # ---------------------------------------------------------------- match
 
     def vote(self, path: list[Node], shared: int) -> Callable[[int], int]:
-        tombs = self.tombstones(path, shared)
-        return lambda p: self.deepest(tombs, p)
+        runs = self.tombstone_runs(path, shared)
+        return lambda p: self.deepest(runs, p)
 
     def matched(self, path: list[Node], length: int) -> SlotArray:
         return self.window_slots(path, length)
@@ -74,24 +74,26 @@ class SwaComponent:
     def empty(self) -> SlotArray:
         return concat_slots([])
 
-    def tombstones(self, path: list[Node], shared: int) -> list[int]:
-        """Positions of tombstones among the first `shared` tokens of `path`, ascending."""
+    def tombstone_runs(self, path: list[Node], shared: int) -> tuple[list[int], list[int]]:
+        """The runs of tombstones among the first `shared` tokens of `path`: (starts, ends),
+        ascending, each run [start, end) maximal."""
         if not path:
-            return []
+            return [], []
         swa = np.concatenate([n.swa for n in path if n.swa is not None])[:shared]
-        return list(np.flatnonzero(swa < 0).tolist())
+        edges = np.diff(np.concatenate(([0], (swa < 0).view(np.int8), [0])))
+        return np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()
 
-    def accepts(self, tombs: list[int], p: int) -> bool:
-        """Boundary `p` has its whole window live."""
-        i = bisect.bisect_left(tombs, p)
-        return i == 0 or tombs[i - 1] < p - self.window
-
-    def deepest(self, tombs: list[int], p: int) -> int:
-        """The deepest page boundary <= p this component accepts."""
-        while not self.accepts(tombs, p):
-            t = tombs[bisect.bisect_left(tombs, p) - 1]
-            p = t - t % self.page_size
-        return p
+    def deepest(self, runs: tuple[list[int], list[int]], p: int) -> int:
+        """The deepest page boundary <= p whose `window` tokens before it are all live. Every
+        boundary inside a run of tombstones, or at its end, has one just before it, so the
+        search jumps a whole run at a time: O(runs it passes), not O(tokens)."""
+        starts, ends = runs
+        while True:
+            k = bisect.bisect_left(starts, p) - 1  # the last run starting before p
+            if k < 0 or min(ends[k], p) - 1 < p - self.window:
+                return p
+            start = starts[k]
+            p = start - start % self.page_size  # tombstones are whole pages: == start
 
     def window_slots(self, path: list[Node], length: int) -> SlotArray:
         """SWA slots of the first `length` tokens of `path`, -1 before the window."""
