@@ -18,6 +18,17 @@ def test_run_workload_small() -> None:
         assert all(s["mean_us"] >= 0 for s in ops.values())
 
 
+def test_run_workload_hybrid_trees() -> None:
+    """Each hybrid tree answers every full-hit match at the whole (page-floored) sequence and
+    gives back every FULL slot on eviction (run_workload asserts both)."""
+    for kind in ("full+swa", "full+state"):
+        for page in (1, 4):
+            ops = run_workload(
+                kind, page, num_seqs=12, seq_len=90, prefix_len=41, evict_tokens=30, window=16
+            )
+            assert ops["full_hit_match"]["count"] == 12 and ops["evict"]["count"] >= 1
+
+
 def test_cli_writes_json(tmp_path: Path, capsys: object) -> None:
     out = tmp_path / "tree.json"
     argv = ["--num-seqs", "10", "--seq-len", "64", "--prefix-len", "32", "--input", "list"]

@@ -300,9 +300,7 @@ def test_swa_deepest_equals_brute_force(
     comp = parse_components(["full", f"swa:{window}"]).parts[0].make(page, lambda n: 0)
     deepest = comp.vote(path, len(swa))
     for p in range(0, len(swa) + 1, page):
-        want = max(
-            b for b in range(0, p + 1, page) if not (swa[max(0, b - window) : b] < 0).any()
-        )
+        want = max(b for b in range(0, p + 1, page) if not (swa[max(0, b - window) : b] < 0).any())
         assert deepest(p) == want, (p, want)
 
 

@@ -9,9 +9,10 @@ mean µs, measured on this workload earlier.
 
 The hybrid trees run the same workload with each insert carrying what the engine hands them:
 `full+swa` (FULL + a W-token sliding window, `--window`): one SWA slot per token, -1 (already
-freed) before the sequence's last W tokens; `full+state` (FULL + recurrent-state checkpoints):
-a checkpoint at the page-floored end of the shared prefix (refused after the first sequence)
-and one at the sequence's end, so a full-hit match resumes at the end.
+freed, whole pages) before the window of the sequence's page-floored end; `full+state` (FULL +
+recurrent-state checkpoints): a checkpoint at the page-floored end of the shared prefix
+(refused after the first sequence) and one at the sequence's end, so a full-hit match resumes
+at the end.
 
 Only the cache call is inside the timer; building the query (and, with `--input list`, converting
 a row to a Python list) happens before it. `--input numpy` hands the cache int64 arrays (what the
@@ -58,7 +59,8 @@ def insert_parts(
     """What an insert of one sequence carries besides its FULL slots (None: a plain tree)."""
     if kind == "full+swa":
         swa = slots.copy()
-        swa[: max(0, len(slots) - window)] = -1  # freed outside the last window
+        start = max(0, len(slots) - len(slots) % page_size - window)
+        swa[: start - start % page_size] = -1  # whole pages freed before the last window
         return {"swa": swa}
     if kind == "full+state":
         ends = (prefix_len - prefix_len % page_size, len(slots) - len(slots) % page_size)
@@ -186,9 +188,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cache", default="radix,blockhash", help=f"comma list: {','.join(CACHES)}"
-    )
+    p.add_argument("--cache", default="radix,blockhash", help=f"comma list: {','.join(CACHES)}")
     p.add_argument("--window", type=int, default=512, help="full+swa: the window (tokens)")
     p.add_argument("--page-sizes", default="1,16", help="radix page sizes (comma list)")
     p.add_argument(
