@@ -27,9 +27,8 @@ from radixkv.memory.hybrid import (
     ModelPools,
     PoolSpec,
     StateGroupSpec,
-    StateLayerSpec,
-    StateTensorSpec,
 )
+from radixkv.memory.state_pool import StateLayerSpec, StateTensorSpec
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ from radixkv.memory.hybrid import (
     KVGroupSpec,
     PoolSpec,
     StateGroupSpec,
-    StateLayerSpec,
-    StateTensorSpec,
 )
+from radixkv.memory.state_pool import StateLayerSpec, StateTensorSpec
 
 # Gemma 3 270M's shape: 3 global layers, 15 sliding ones (window 512), 1 KV head of 256.
 GEMMA = PoolSpec({FULL: KVGroupSpec(3, 1, 256), SWA: KVGroupSpec(15, 1, 256, window=512)})

@@ -43,10 +43,9 @@ from radixkv.memory.hybrid import (
     ModelPools,
     PoolSpec,
     StateGroupSpec,
-    StateLayerSpec,
-    StateTensorSpec,
 )
 from radixkv.memory.pool import KVPool, KVPoolConfig
+from radixkv.memory.state_pool import StateLayerSpec, StateTensorSpec
 
 SCRATCH = "scratch"
 PS = 4

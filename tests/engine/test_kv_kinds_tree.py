@@ -40,10 +40,9 @@ from radixkv.memory.hybrid import (
     ModelPools,
     PoolSpec,
     StateGroupSpec,
-    StateLayerSpec,
-    StateTensorSpec,
 )
 from radixkv.memory.req_table import ReqToTokenTable
+from radixkv.memory.state_pool import StateLayerSpec, StateTensorSpec
 
 PS = 4
 

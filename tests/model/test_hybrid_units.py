@@ -17,11 +17,9 @@ from radixkv.memory.hybrid import (
     ModelPools,
     PoolSpec,
     StateGroupSpec,
-    StateLayerSpec,
-    StatePool,
-    StateTensorSpec,
 )
 from radixkv.memory.pool import KVPool
+from radixkv.memory.state_pool import StateLayerSpec, StatePool, StateTensorSpec
 from radixkv.model import UnsupportedArchitectureError, load_model
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.config import LlamaConfig, kind_indices, layer_kinds

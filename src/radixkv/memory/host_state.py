@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from radixkv.memory.hybrid import StatePool
+from radixkv.memory.state_pool import StatePool
 
 
 class HostStatePool:

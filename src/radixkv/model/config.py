@@ -29,9 +29,9 @@ from radixkv.memory.hybrid import (
     LayerGroupSpec,
     PoolSpec,
     StateGroupSpec,
-    StateLayerSpec,
 )
 from radixkv.memory.pool import KVPoolConfig
+from radixkv.memory.state_pool import StateLayerSpec
 from radixkv.model.registry import LLAMA_ARCHITECTURES as LLAMA_ARCHITECTURES
 from radixkv.model.registry import UnsupportedArchitectureError as UnsupportedArchitectureError
 from radixkv.model.registry import architecture, family

@@ -26,7 +26,8 @@ from radixkv.engine.kv.kind_memory import KindSetup, holding
 from radixkv.engine.kv.kind_sizing import SizeContext
 from radixkv.engine.request import Request
 from radixkv.memory.allocator import PageAllocator
-from radixkv.memory.hybrid import STATE, PoolSpec, StatePool
+from radixkv.memory.hybrid import STATE, PoolSpec
+from radixkv.memory.state_pool import StatePool
 
 
 class StateSizing:

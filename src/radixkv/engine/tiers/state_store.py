@@ -13,7 +13,8 @@ from typing import Any
 from radixkv.cache.tiers import HostIndex
 from radixkv.engine.tiers.kind_store import StoreSetup
 from radixkv.memory.host_state import HostStatePool
-from radixkv.memory.hybrid import STATE, StatePool
+from radixkv.memory.hybrid import STATE
+from radixkv.memory.state_pool import StatePool
 from radixkv.storage import PageMeta
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
+from radixkv.memory.state_pool import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
 from radixkv.model.config import (
     ModelConfig,

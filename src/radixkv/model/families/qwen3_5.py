@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixkv.memory.hybrid import StateLayerSpec, StateTensorSpec
+from radixkv.memory.state_pool import StateLayerSpec, StateTensorSpec
 from radixkv.model.attention import AttentionBackend
 from radixkv.model.config import (
     ModelConfig,

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixkv.memory.hybrid import STATE, ModelPools, StatePool
+from radixkv.memory.hybrid import STATE, ModelPools
+from radixkv.memory.state_pool import StatePool
 from radixkv.model.batch import ForwardBatch
 from radixkv.model.families.skeleton import DecoderLM, Rope
 from radixkv.model.nn.layers import rope_cos_sin, rope_inv_freq
