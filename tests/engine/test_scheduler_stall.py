@@ -1,5 +1,6 @@
 """decode_stall_ms: while a request decodes, a long prompt is spread over steps of about that
-much prefill time, and each of those steps also advances the decoding streams.
+much prefill time, and each of those steps also advances the decoding streams; while none
+decodes, a step stops taking further prompts once it holds that much prefill.
 
 The prefill rate is pinned (the engine's measurement of it is replaced) so the chunking is
 machine-independent; the measurement itself is tested on its own.
@@ -83,6 +84,29 @@ def test_without_decodes_the_whole_budget_is_used() -> None:
     eng.add_request(_rand(rng, 300), DECODE)
     batch = eng.scheduler.schedule()
     assert batch.extend_lens == [300]
+
+
+def test_a_burst_stops_taking_prompts_at_the_stall_share() -> None:
+    """Nothing decodes and six 60-token prompts wait: the step takes whole prompts until its
+    prompt tokens reach the stall's share (100 tokens), not the whole 512 budget, so the first
+    ones start decoding while the rest prefill; the first prompt always joins whole."""
+    eng = _pinned(100.0, 1000.0)
+    rng = random.Random(5)
+    for _ in range(6):
+        eng.add_request(_rand(rng, 60), DECODE)
+    assert eng.scheduler.schedule().extend_lens == [60, 60]
+    big = _pinned(100.0, 1000.0)
+    big.add_request(_rand(rng, 300), DECODE)
+    big.add_request(_rand(rng, 60), DECODE)
+    assert big.scheduler.schedule().extend_lens == [300]  # alone past the share, but whole
+
+
+def test_a_burst_takes_the_whole_budget_when_the_stall_is_off() -> None:
+    eng = _pinned(0.0, 1000.0)
+    rng = random.Random(5)
+    for _ in range(6):
+        eng.add_request(_rand(rng, 60), DECODE)
+    assert eng.scheduler.schedule().extend_lens == [60] * 6
 
 
 def test_unmeasured_rate_leaves_the_budget_whole() -> None:

@@ -267,7 +267,8 @@ class SchedulerConfig(Section):
         500.0,
         "while requests decode, cap a step's prompt tokens at what the measured prefill rate "
         "computes in this many ms (at least 64 tokens), so a long prompt is spread over steps "
-        "that each also advance every decoding stream (0: off, the whole budget)",
+        "that each also advance every decoding stream; while none decodes, a step takes no "
+        "further prompt once it holds that much (0: off, the whole budget)",
         min=0,
     )
     max_running_requests: int = opt(32, "requests decoded together", min=1)
