@@ -10,6 +10,16 @@ from typing import Any
 Metrics = Callable[[dict[str, Any]], dict[str, float | None]]
 
 
+def _peer_e2e_ms(r: dict[str, Any]) -> float | None:
+    """Mean end-to-end request latency: SGLang's client reports it; vLLM's keeps each request's
+    latency (seconds), and its mean only with `--percentile-metrics e2el`."""
+    for key in ("mean_e2el_ms", "mean_e2e_latency_ms"):
+        if r.get(key) is not None:
+            return float(r[key])
+    lat = r.get("latencies")
+    return 1000 * statistics.mean(lat) if lat else None
+
+
 def _peer_metrics(r: dict[str, Any]) -> dict[str, float | None]:
     """vLLM's and SGLang's clients name their results alike."""
     return {
@@ -17,6 +27,7 @@ def _peer_metrics(r: dict[str, Any]) -> dict[str, float | None]:
         "mean TTFT (ms)": r.get("mean_ttft_ms"),
         "p99 TTFT (ms)": r.get("p99_ttft_ms"),
         "mean TPOT (ms)": r.get("mean_tpot_ms"),
+        "mean E2E latency (ms)": _peer_e2e_ms(r),
         "output tok/s": r.get("output_throughput"),
     }
 
@@ -32,6 +43,7 @@ def _our_metrics(r: dict[str, Any]) -> dict[str, float | None]:
         "mean TTFT (ms)": ms(s["ttft_s"]["mean"]),
         "p99 TTFT (ms)": ms(s["ttft_s"].get("p99")),
         "mean TPOT (ms)": ms(s["tpot_s"]["mean"]),
+        "mean E2E latency (ms)": ms(s.get("e2e_s", {}).get("mean")),
         "output tok/s": s.get("output_tok_per_s"),
         "token hit rate": s.get("token_hit_rate"),
     }

@@ -141,6 +141,31 @@ def test_peers_table_ratios_and_start_lines() -> None:
     json.dumps(result)
 
 
+def test_peers_table_mean_e2e_from_each_client() -> None:
+    """Mean end-to-end latency: vLLM's client's per-request latencies (s), SGLang's reported
+    mean, ours from the summary; the trade of TTFT against TPOT shows in it."""
+
+    def run(engine: str, lat: list[float], sg: float, ours: float) -> dict[str, object]:
+        v = {"duration": 1.0, "latencies": lat}
+        o = _our(1.0, 0.1, 0.01)
+        o["summary"]["e2e_s"] = {"mean": ours}  # type: ignore[index]
+        return {
+            "engine": engine,
+            "dtype": "float32",
+            "server": {"command": f"start {engine}"},
+            "random": {"vllm_client": v, "radixkv_client": o},
+            "gsp": {"sglang_client": {"duration": 1.0, "mean_e2e_latency_ms": sg}},
+        }
+
+    workloads = {"random": ["vllm_client", "radixkv_client"], "gsp": ["sglang_client"]}
+    runs = [run("radixkv", [1.0, 2.0], 300.0, 1.2), run("vllm", [2.0, 4.0], 400.0, 2.4)]
+    md = peers_table({"workloads": workloads, "runs": runs})
+    e2e = "float32 | mean E2E latency (ms)"
+    assert f"| random | vllm | {e2e} | 1,500.0 | 3,000.0 | 0.50x |" in md
+    assert f"| random | radixkv | {e2e} | 1,200.0 | 2,400.0 | 0.50x |" in md
+    assert f"| gsp | sglang | {e2e} | 300.0 | 400.0 | 0.75x |" in md
+
+
 def test_peers_table_takes_the_median_of_rounds() -> None:
     def run(engine: str, dur: float, rnd: int) -> dict[str, object]:
         v = {"duration": dur, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0, "output_throughput": 1.0}
