@@ -95,6 +95,8 @@ def test_a_burst_stops_taking_prompts_at_the_stall_share() -> None:
     for _ in range(6):
         eng.add_request(_rand(rng, 60), DECODE)
     assert eng.scheduler.schedule().extend_lens == [60, 60]
+    # The rest are not admitted ahead of their step (no locks, no reserve held for them).
+    assert len(eng.scheduler.running) == 2 and len(eng.scheduler.waiting) == 4
     big = _pinned(100.0, 1000.0)
     big.add_request(_rand(rng, 300), DECODE)
     big.add_request(_rand(rng, 60), DECODE)

@@ -150,10 +150,8 @@ class Scheduler:
             elif budget > 0 and self._step_budget - budget < cap:
                 budget -= self._add_chunk(batch, req, budget)
         if budget > 0 and admit and self._step_budget - budget < cap:
-            for req in self._admit(budget):
+            for req in self._admit(budget, cap - (self._step_budget - budget)):
                 budget -= self._add_chunk(batch, req, budget)
-                if self._step_budget - budget >= cap:
-                    break
         return batch
 
     def _fits(self, pending: int, budget: int) -> bool:
@@ -296,11 +294,13 @@ class Scheduler:
             total += max(0, alloc.pages_for(want) - cap // self.page_size)
         return total
 
-    def _admit(self, budget: int) -> list[Request]:
+    def _admit(self, budget: int, room: int) -> list[Request]:
+        """Requests admitted for this step, in order, while `budget` prompt tokens remain and
+        the prompts taken stay under `room` (the last one may pass it)."""
         admitted: list[Request] = []
         # Bounded scan: per-step admission cost must not grow with the queue length.
         for req in self._waiting_order()[: self.admit_scan_limit]:
-            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+            if budget <= 0 or room <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             if self._should_defer(req):
                 continue
@@ -310,7 +310,9 @@ class Scheduler:
             if not self._try_admit(req):
                 break  # out of memory: do not let smaller requests starve this one
             admitted.append(req)
-            budget -= min(req.pending, budget)
+            took = min(req.pending, budget)
+            budget -= took
+            room -= took
         return admitted
 
     def _uncached(self, req: Request) -> int:
